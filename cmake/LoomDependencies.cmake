@@ -1,0 +1,58 @@
+# Finds required and optional dependencies; sets LOOM_HAVE_* for the summary.
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-mavx2 LOOM_HAVE_AVX2_COMPILER)
+
+
+# hwloc
+set(LOOM_HAVE_HWLOC OFF)
+if(NOT LOOM_WITH_HWLOC STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(HWLOC QUIET IMPORTED_TARGET hwloc)
+    if(HWLOC_FOUND)
+      set(LOOM_HAVE_HWLOC ON)
+    endif()
+  endif()
+  if(LOOM_WITH_HWLOC STREQUAL "ON" AND NOT LOOM_HAVE_HWLOC)
+    message(FATAL_ERROR "LOOM_WITH_HWLOC=ON but hwloc was not found (apt-get install libhwloc-dev)")
+  endif()
+endif()
+
+# ibverbs
+set(LOOM_HAVE_IBVERBS OFF)
+if(NOT LOOM_WITH_IBVERBS STREQUAL "OFF")
+  find_library(IBVERBS_LIBRARY ibverbs)
+  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  if(IBVERBS_LIBRARY AND IBVERBS_INCLUDE_DIR)
+    set(LOOM_HAVE_IBVERBS ON)
+  elseif(LOOM_WITH_IBVERBS STREQUAL "ON")
+    message(FATAL_ERROR "LOOM_WITH_IBVERBS=ON but libibverbs was not found")
+  endif()
+endif()
+
+# MPI
+set(LOOM_HAVE_MPI OFF)
+if(NOT LOOM_WITH_MPI STREQUAL "OFF")
+  find_package(MPI QUIET COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(LOOM_HAVE_MPI ON)
+  elseif(LOOM_WITH_MPI STREQUAL "ON")
+    message(FATAL_ERROR "LOOM_WITH_MPI=ON but MPI was not found")
+  endif()
+endif()
+
+# CUDA (toolkit only; a GPU is not needed to build)
+set(LOOM_HAVE_CUDA OFF)
+if(NOT LOOM_WITH_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(LOOM_HAVE_CUDA ON)
+    get_filename_component(LOOM_CUDA_HOME "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+  elseif(LOOM_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "LOOM_WITH_CUDA=ON but the CUDA toolkit was not found")
+  endif()
+endif()

@@ -1,0 +1,7 @@
+# Warnings for Loom's own targets: loom_set_warnings(target)
+function(loom_set_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(LOOM_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()

@@ -1,0 +1,144 @@
+// loom::Comm — a communicator: a fixed group of ranks that run collectives.
+//
+// Contract
+// - Create with Comm::init_rank (unique id shared by the caller, like
+//   ncclCommInitRank), Comm::init_from_env (LOOM_*, torchrun, Open MPI or Slurm
+//   variables) or Comm::init_all (N ranks as threads of this process).
+// - Every operation is asynchronous: it validates its arguments, enqueues, and
+//   returns a Work handle. Operations of one communicator execute in the order
+//   they were issued, on the communicator's progress engine. Every rank must
+//   issue the same sequence of collectives.
+// - Buffers must stay valid and untouched until the Work completes.
+// - In-place: allreduce/broadcast/reduce/all_to_all with send == recv;
+//   reduce_scatter with send + rank*count*size == recv; all_gather with
+//   send == recv + rank*count*size (NCCL's conventions).
+// - Every wait has a deadline (Config::timeout, LOOM_TIMEOUT). If a peer dies,
+//   aborts or the deadline passes, the operation fails with a message naming
+//   the peer and the step, the communicator is marked failed, and every later
+//   operation fails at once with the first error.
+// - Thread safety: one thread issues operations on a Comm at a time; Work
+//   handles may be waited on from any thread; abort() may be called from any
+//   thread at any time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/status.h"
+#include "loom/types.h"
+
+namespace loom {
+
+inline constexpr size_t kUniqueIdBytes = 128;
+
+// Opaque rendezvous token (128 bytes, like ncclUniqueId): the root's address and
+// a random secret that every peer must present.
+struct UniqueId {
+  char bytes[kUniqueIdBytes] = {};
+};
+
+struct Config {
+  // Deadline for every wait, in seconds; <= 0 takes LOOM_TIMEOUT (default 300).
+  double timeout_s = 0;
+  // Name used in logs and diagnostics ("tp", "dp0", ...).
+  std::string name;
+};
+
+// Creates a unique id and, in this process, the rendezvous root that the
+// ranks connect to. Call on one rank and hand the bytes to every rank.
+Result<UniqueId> get_unique_id();
+
+namespace detail {
+struct WorkState;
+class CommImpl;
+}  // namespace detail
+
+// Handle to an enqueued operation. Cheap to copy; all copies share one state.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::WorkState> s) : state_(std::move(s)) {}
+  // Blocks until the operation finishes or `timeout` passes. Returns the
+  // operation's status, or kTimeout if the wait (not the op) timed out.
+  Status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  // True once the operation has finished (successfully or not).
+  bool test() const;
+  // The final status; kInProgress while running.
+  Status status() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+class Comm {
+ public:
+  ~Comm();  // destroys (waits for queued operations, then releases resources)
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  static Result<std::unique_ptr<Comm>> init_rank(const UniqueId& id, int nranks, int rank,
+                                                 const Config& config = {});
+  // Reads LOOM_RANK/LOOM_WORLD_SIZE/LOOM_ROOT_ADDR (host:port), else RANK/
+  // WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun), else OMPI_COMM_WORLD_RANK/
+  // OMPI_COMM_WORLD_SIZE (+ LOOM_ROOT_ADDR or MASTER_ADDR/PORT), else
+  // SLURM_PROCID/SLURM_NTASKS (likewise). Rank 0 listens on the root address.
+  static Result<std::unique_ptr<Comm>> init_from_env(const Config& config = {});
+  // N ranks as threads of this process; element i is rank i.
+  static Result<std::vector<std::unique_ptr<Comm>>> init_all(int nranks, const Config& config = {});
+
+  // Collective: ranks with the same color form a new communicator, ordered by
+  // (key, old rank). color < 0 means "not part of any": returns nullptr.
+  Result<std::unique_ptr<Comm>> split(int color, int key);
+
+  int rank() const;
+  int size() const;
+  const std::string& name() const;
+
+  Result<Work> allreduce(const void* send, void* recv, size_t count, DataType dt, RedOp op);
+  // recv receives count elements: this rank's block of the reduction of
+  // send (nranks*count elements).
+  Result<Work> reduce_scatter(const void* send, void* recv, size_t count, DataType dt, RedOp op);
+  // send holds count elements; recv receives nranks*count.
+  Result<Work> all_gather(const void* send, void* recv, size_t count, DataType dt);
+  // send significant at root only; recv receives count elements on every rank.
+  Result<Work> broadcast(const void* send, void* recv, size_t count, DataType dt, int root);
+  // recv significant at root only (may be null elsewhere).
+  Result<Work> reduce(const void* send, void* recv, size_t count, DataType dt, RedOp op, int root);
+  // send and recv hold nranks*count elements; block j of send goes to rank j.
+  Result<Work> all_to_all(const void* send, void* recv, size_t count, DataType dt);
+
+  // Point-to-point. Outside a group each call is its own operation (and a
+  // blocking send waits for the matching recv). Inside group_start/group_end
+  // all sends and receives progress together and complete together.
+  Result<Work> send(const void* buf, size_t count, DataType dt, int peer);
+  Result<Work> recv(void* buf, size_t count, DataType dt, int peer);
+
+  // Groups nest; the outermost group_end submits everything issued since the
+  // outermost group_start as one operation and returns its Work. Inner
+  // group_end calls return an invalid Work.
+  void group_start();
+  Result<Work> group_end();
+
+  // Fails every queued and running operation with kAborted, tells the peers,
+  // and releases transports. Safe from any thread; idempotent.
+  void abort(const std::string& reason = "abort() called");
+  // Waits for queued operations and releases everything. Operations after
+  // destroy fail with kInvalidUsage. Idempotent.
+  Status destroy();
+  // First error that failed the communicator, or ok.
+  Status async_error() const;
+
+  detail::CommImpl* impl() { return impl_.get(); }
+
+ private:
+  explicit Comm(std::unique_ptr<detail::CommImpl> impl);
+  std::unique_ptr<detail::CommImpl> impl_;
+  friend class detail::CommImpl;
+};
+
+}  // namespace loom

@@ -1,0 +1,2 @@
+// Helpers shared by Loom's tests.
+#pragma once
