@@ -1,0 +1,101 @@
+// Direct family: every rank exchanges with every peer in one phase.
+// all_to_all (each rank sends block j to rank j) and point-to-point groups.
+#include <map>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+
+namespace loom {
+
+Result<RankSchedule> direct_all_to_all(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "direct";
+  if (c == 0) return s;
+  Phase p;
+  BufId src = kBufSend;
+  if (a.in_place && n > 1) {
+    // Blocks are overwritten while being sent: stage the input first.
+    s.scratch_count = n * c;
+    Step st;
+    st.kind = StepKind::kCopy;
+    st.src = {kBufSend, 0};
+    st.dst = {kBufScratch, 0};
+    st.count = n * c;
+    p.steps.push_back(st);
+    src = kBufScratch;
+  }
+  Step self;
+  self.kind = StepKind::kCopy;
+  self.src = {src, r * c};
+  self.dst = {kBufRecv, r * c};
+  self.count = c;
+  p.steps.push_back(self);
+  // Staggered peer order so ranks do not all start with rank 0.
+  for (int d = 1; d < n; ++d) {
+    Step snd;
+    snd.kind = StepKind::kSend;
+    snd.peer = (r + d) % n;
+    snd.src = {src, snd.peer * c};
+    snd.count = c;
+    p.steps.push_back(snd);
+    Step rcv;
+    rcv.kind = StepKind::kRecv;
+    rcv.peer = (r - d + n) % n;
+    rcv.dst = {kBufRecv, rcv.peer * c};
+    rcv.count = c;
+    p.steps.push_back(rcv);
+  }
+  s.phases.push_back(std::move(p));
+  return s;
+}
+
+Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
+  RankSchedule s;
+  s.algorithm = "p2p";
+  Phase p;
+  // Sends to self pair, in order, with receives from self: a local copy.
+  std::vector<size_t> self_sends, self_recvs;
+  for (size_t i = 0; i < a.p2p.size(); ++i) {
+    const P2pOp& op = a.p2p[i];
+    if (op.peer == a.rank) {
+      (op.is_send ? self_sends : self_recvs).push_back(i);
+      continue;
+    }
+    if (op.count == 0) continue;
+    Step st;
+    st.peer = op.peer;
+    st.count = op.count;
+    if (op.is_send) {
+      st.kind = StepKind::kSend;
+      st.src = {kBufUser + static_cast<BufId>(i), 0};
+    } else {
+      st.kind = StepKind::kRecv;
+      st.dst = {kBufUser + static_cast<BufId>(i), 0};
+    }
+    p.steps.push_back(st);
+  }
+  if (self_sends.size() != self_recvs.size())
+    return invalid_usage("group has " + std::to_string(self_sends.size()) + " send(s) to self but " +
+                         std::to_string(self_recvs.size()) + " recv(s) from self");
+  for (size_t k = 0; k < self_sends.size(); ++k) {
+    const P2pOp& snd = a.p2p[self_sends[k]];
+    const P2pOp& rcv = a.p2p[self_recvs[k]];
+    if (snd.count != rcv.count)
+      return invalid_usage("send to self of " + std::to_string(snd.count) + " elements matched with recv from self of " +
+                           std::to_string(rcv.count));
+    if (snd.count == 0) continue;
+    Step st;
+    st.kind = StepKind::kCopy;
+    st.src = {kBufUser + static_cast<BufId>(self_sends[k]), 0};
+    st.dst = {kBufUser + static_cast<BufId>(self_recvs[k]), 0};
+    st.count = snd.count;
+    // Local steps run before the phase's communication; keep them first.
+    p.steps.insert(p.steps.begin(), st);
+  }
+  if (!p.steps.empty()) s.phases.push_back(std::move(p));
+  return s;
+}
+
+}  // namespace loom

@@ -1,0 +1,233 @@
+// Ring family: ring allreduce (= ring reduce-scatter then ring all-gather,
+// composed over the same block layout), ring reduce_scatter, ring all_gather,
+// and the pipelined chain (a ring cut open at the root) for broadcast and reduce.
+//
+// Within one step, a block streams through the transport's FIFO while the
+// receiver reduces it, so sender copy and receiver reduce overlap; chain
+// broadcast/reduce additionally split the data into chunks so consecutive
+// ranks work on consecutive chunks at once.
+#include <algorithm>
+
+#include "algorithms/algorithms.h"
+#include "core/config.h"
+
+namespace loom {
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+Step send_step(int peer, BufRef src, size_t count) {
+  Step s;
+  s.kind = StepKind::kSend;
+  s.peer = peer;
+  s.src = src;
+  s.count = count;
+  return s;
+}
+Step recv_step(int peer, BufRef dst, size_t count) {
+  Step s;
+  s.kind = StepKind::kRecv;
+  s.peer = peer;
+  s.dst = dst;
+  s.count = count;
+  return s;
+}
+Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count) {
+  Step s;
+  s.kind = StepKind::kRecvReduce;
+  s.peer = peer;
+  s.src = local;
+  s.dst = dst;
+  s.count = count;
+  return s;
+}
+Step copy_step(BufRef src, BufRef dst, size_t count) {
+  Step s;
+  s.kind = StepKind::kCopy;
+  s.src = src;
+  s.dst = dst;
+  s.count = count;
+  return s;
+}
+Step divide_step(BufRef dst, size_t count) {
+  Step s;
+  s.kind = StepKind::kDivide;
+  s.dst = dst;
+  s.count = count;
+  return s;
+}
+
+void push_phase(RankSchedule& s, Phase&& p) {
+  if (!p.steps.empty()) s.phases.push_back(std::move(p));
+}
+
+// Single-rank case shared by every collective: recv = send (+ nothing to divide).
+RankSchedule local_only(const CollArgs& a, size_t count, const char* name) {
+  RankSchedule s;
+  s.algorithm = name;
+  if (!a.in_place && count > 0) {
+    Phase p;
+    p.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, 0}, count));
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+size_t chunk_elems(const CollArgs& a) {
+  if (a.chunk_elems) return a.chunk_elems;
+  size_t bytes = params::chunk_bytes();
+  return std::max<size_t>(1, bytes / dtype_size(a.dt));
+}
+
+}  // namespace
+
+Result<RankSchedule> ring_allreduce(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  if (n == 1) return local_only(a, a.count, "ring");
+  RankSchedule s;
+  s.algorithm = "ring";
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto off = [&](int b) { return block_offset(a.count, n, b); };
+  auto sz = [&](int b) { return block_size(a.count, n, b); };
+  // Reduce-scatter: at step k rank r sends block r-k and reduces block r-k-1;
+  // after n-1 steps it owns the fully reduced block r+1.
+  for (int k = 0; k < n - 1; ++k) {
+    Phase p;
+    int sb = mod(r - k, n), rb = mod(r - k - 1, n);
+    if (sz(sb)) p.steps.push_back(send_step(next, {k == 0 ? kBufSend : kBufRecv, off(sb)}, sz(sb)));
+    if (sz(rb)) p.steps.push_back(recv_reduce_step(prev, {kBufSend, off(rb)}, {kBufRecv, off(rb)}, sz(rb)));
+    push_phase(s, std::move(p));
+  }
+  // All-gather of the owned blocks; avg divides the owned block exactly once,
+  // before it is forwarded, so every rank ends with identical bits.
+  const int owned = mod(r + 1, n);
+  for (int k = 0; k < n - 1; ++k) {
+    Phase p;
+    if (k == 0 && a.op == RedOp::kAvg && sz(owned)) p.steps.push_back(divide_step({kBufRecv, off(owned)}, sz(owned)));
+    int sb = mod(r + 1 - k, n), rb = mod(r - k, n);
+    if (sz(sb)) p.steps.push_back(send_step(next, {kBufRecv, off(sb)}, sz(sb)));
+    if (sz(rb)) p.steps.push_back(recv_step(prev, {kBufRecv, off(rb)}, sz(rb)));
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+Result<RankSchedule> ring_reduce_scatter(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  if (n == 1) {
+    RankSchedule s = local_only(a, c, "ring");
+    return s;
+  }
+  RankSchedule s;
+  s.algorithm = "ring";
+  if (c == 0) return s;
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  // Partial sums alternate between two scratch blocks so the block being
+  // forwarded is never the one being written in the same step.
+  s.scratch_count = n > 2 ? 2 * c : 0;
+  for (int k = 0; k < n - 1; ++k) {
+    Phase p;
+    int sb = mod(r - k - 1, n), rb = mod(r - k - 2, n);
+    BufRef src = k == 0 ? BufRef{kBufSend, sb * c} : BufRef{kBufScratch, ((k - 1) % 2) * c};
+    p.steps.push_back(send_step(next, src, c));
+    BufRef dst = (k == n - 2) ? BufRef{kBufRecv, 0} : BufRef{kBufScratch, (k % 2) * c};
+    p.steps.push_back(recv_reduce_step(prev, {kBufSend, rb * c}, dst, c));
+    push_phase(s, std::move(p));
+  }
+  if (a.op == RedOp::kAvg) {
+    Phase p;
+    p.steps.push_back(divide_step({kBufRecv, 0}, c));
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+Result<RankSchedule> ring_all_gather(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "ring";
+  if (c == 0) return s;
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  Phase first;
+  // In place (send == recv + r*c) the executor sees src == dst and skips it.
+  first.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
+  for (int k = 0; k < n - 1; ++k) {
+    Phase p = k == 0 ? std::move(first) : Phase{};
+    int sb = mod(r - k, n), rb = mod(r - k - 1, n);
+    p.steps.push_back(send_step(next, {kBufRecv, sb * c}, c));
+    p.steps.push_back(recv_step(prev, {kBufRecv, rb * c}, c));
+    push_phase(s, std::move(p));
+  }
+  if (n == 1) push_phase(s, std::move(first));
+  return s;
+}
+
+Result<RankSchedule> chain_broadcast(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  RankSchedule s;
+  s.algorithm = "chain";
+  if (a.count == 0) return s;
+  const bool is_root = r == a.root;
+  if (n == 1) return local_only(a, a.count, "chain");
+  const size_t chunk = chunk_elems(a);
+  const size_t nchunks = (a.count + chunk - 1) / chunk;
+  const int pos = mod(r - a.root, n);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto csz = [&](size_t k) { return std::min(chunk, a.count - k * chunk); };
+  // Position i receives chunk k in phase k+i-1 and forwards it in phase k+i.
+  const size_t nphases = nchunks + n - 2;
+  for (size_t ph = 0; ph < nphases; ++ph) {
+    Phase p;
+    if (is_root && ph == 0 && !a.in_place) p.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
+    if (pos < n - 1 && ph >= static_cast<size_t>(pos) && ph - pos < nchunks) {
+      size_t k = ph - pos;
+      p.steps.push_back(send_step(next, {is_root ? kBufSend : kBufRecv, k * chunk}, csz(k)));
+    }
+    if (pos > 0 && ph + 1 >= static_cast<size_t>(pos) && ph + 1 - pos < nchunks) {
+      size_t k = ph + 1 - pos;
+      p.steps.push_back(recv_step(prev, {kBufRecv, k * chunk}, csz(k)));
+    }
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+Result<RankSchedule> chain_reduce(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  RankSchedule s;
+  s.algorithm = "chain";
+  if (a.count == 0) return s;
+  const bool is_root = r == a.root;
+  if (n == 1) return local_only(a, a.count, "chain");
+  const size_t chunk = chunk_elems(a);
+  const size_t nchunks = (a.count + chunk - 1) / chunk;
+  // Chain root+1 -> root+2 -> ... -> root; the root reduces last.
+  const int pos = mod(r - a.root - 1, n);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto csz = [&](size_t k) { return std::min(chunk, a.count - k * chunk); };
+  const BufId acc = is_root ? kBufRecv : kBufScratch;
+  if (!is_root && pos > 0) s.scratch_count = a.count;
+  const size_t nphases = nchunks + n - 2;
+  for (size_t ph = 0; ph < nphases; ++ph) {
+    Phase p;
+    if (pos < n - 1 && ph >= static_cast<size_t>(pos) && ph - pos < nchunks) {
+      size_t k = ph - pos;
+      p.steps.push_back(send_step(next, {pos == 0 ? kBufSend : acc, k * chunk}, csz(k)));
+    }
+    if (pos > 0 && ph + 1 >= static_cast<size_t>(pos) && ph + 1 - pos < nchunks) {
+      size_t k = ph + 1 - pos;
+      p.steps.push_back(recv_reduce_step(prev, {kBufSend, k * chunk}, {acc, k * chunk}, csz(k)));
+    }
+    push_phase(s, std::move(p));
+  }
+  if (is_root && a.op == RedOp::kAvg) {
+    Phase p;
+    p.steps.push_back(divide_step({kBufRecv, 0}, a.count));
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+}  // namespace loom

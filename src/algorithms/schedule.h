@@ -1,0 +1,106 @@
+// A Schedule is data: per rank, an ordered list of phases of steps.
+//
+// Semantics (shared by the executor, the in-memory interpreter and the
+// flight recorder):
+// - Phases of one rank run in order.
+// - Within a phase, local steps (kCopy, kReduce, kDivide) run first, in list
+//   order; then all communication steps (kSend, kRecv, kRecvReduce) progress
+//   concurrently and the phase ends when all are done.
+// - Messages between an ordered pair of ranks are matched in order: the k-th
+//   send from a to b (over all phases) pairs with the k-th receive at b from a,
+//   and both must have the same element count.
+// - Within a phase, no send may read memory that a receive of the same phase
+//   writes (the interpreter checks this on resolved addresses).
+// Offsets and counts are in elements of the operation's data type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/status.h"
+#include "loom/types.h"
+
+namespace loom {
+
+// Buffer ids: 0 = the op's send buffer, 1 = its recv buffer, 2 = executor
+// scratch, 3 + i = the i-th user buffer of a point-to-point group.
+using BufId = uint32_t;
+inline constexpr BufId kBufSend = 0;
+inline constexpr BufId kBufRecv = 1;
+inline constexpr BufId kBufScratch = 2;
+inline constexpr BufId kBufUser = 3;
+
+struct BufRef {
+  BufId buf = kBufSend;
+  size_t offset = 0;  // elements
+};
+
+enum class StepKind : uint8_t {
+  kSend,        // send count elements from src to peer
+  kRecv,        // receive count elements from peer into dst
+  kRecvReduce,  // dst = src (local) OP incoming from peer
+  kCopy,        // dst = src (local)
+  kReduce,      // dst = src OP src2 (local)
+  kDivide,      // dst = dst / nranks (the final step of RedOp::kAvg)
+};
+
+struct Step {
+  StepKind kind = StepKind::kCopy;
+  int peer = -1;
+  BufRef src;
+  BufRef src2;
+  BufRef dst;
+  size_t count = 0;
+};
+
+inline bool is_comm_step(StepKind k) {
+  return k == StepKind::kSend || k == StepKind::kRecv || k == StepKind::kRecvReduce;
+}
+
+struct Phase {
+  std::vector<Step> steps;
+};
+
+struct RankSchedule {
+  std::vector<Phase> phases;
+  size_t scratch_count = 0;  // elements of scratch the executor must provide
+  std::string algorithm;     // "ring", "chain", "direct", ... (for logs and the recorder)
+};
+
+// A point-to-point operation inside a group (Collective::kSendRecv); its
+// buffer is kBufUser + its index in CollArgs::p2p.
+struct P2pOp {
+  bool is_send = false;
+  int peer = 0;
+  size_t count = 0;  // elements of the group's dtype
+};
+
+// What a schedule generator needs to know about one collective call on one rank.
+struct CollArgs {
+  Collective coll = Collective::kAllReduce;
+  size_t count = 0;  // NCCL convention: per-rank count (see comm.h)
+  DataType dt = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  int root = 0;
+  int nranks = 1;
+  int rank = 0;
+  bool in_place = false;
+  size_t chunk_elems = 0;  // pipelining chunk for chain algorithms; 0 = default
+  std::vector<P2pOp> p2p;  // kSendRecv only
+};
+
+// Splits `count` elements into `parts` contiguous blocks whose sizes differ by
+// at most one; returns the offset and size of block `i`.
+inline size_t block_offset(size_t count, int parts, int i) {
+  size_t base = count / parts, rem = count % parts;
+  return base * i + (static_cast<size_t>(i) < rem ? i : rem);
+}
+inline size_t block_size(size_t count, int parts, int i) {
+  return count / parts + (static_cast<size_t>(i) < count % parts ? 1 : 0);
+}
+
+std::string describe(const Step& s);  // "recv_reduce 1024 from 3 into recv+512", for logs and the recorder
+
+}  // namespace loom

@@ -1,0 +1,80 @@
+// Out-of-band bootstrap: rendezvous through a root, then a TCP ring among the
+// ranks for small allgathers and barriers (topology, shm names, split).
+//
+// Rendezvous: every rank connects to the root named by the unique id and
+// presents the id's secret, its rank, nranks, pid, host hash and the address it
+// listens on. The root checks that all ranks agree on nranks and that each rank
+// appears once, then sends every rank the full table (or the one precise error
+// to everyone) and exits. Connections with a wrong secret or garbage are dropped
+// with a warning and never trusted.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/socket.h"
+#include "loom/comm.h"
+
+namespace loom {
+
+// Decoded form of UniqueId.
+struct UidContents {
+  uint64_t secret = 0;
+  SockAddr root;
+};
+UniqueId encode_uid(const UidContents& c);
+Result<UidContents> decode_uid(const UniqueId& id);
+
+struct PeerInfo {
+  int32_t rank = -1;
+  int32_t nranks = 0;
+  int32_t pid = 0;
+  uint64_t host_hash = 0;
+  uint16_t listen_family = 0;
+  uint16_t listen_port = 0;
+  uint8_t listen_addr[16] = {};
+  char hostname[64] = {};
+
+  SockAddr listen() const;
+  void set_listen(const SockAddr& a);
+};
+
+// Hash of hostname + boot id, or of LOOM_HOST_ID when set (tests fake hosts).
+uint64_t host_hash();
+std::string host_name();
+
+// Starts the rendezvous root on `bind` in a detached thread that lives until
+// all nranks ranks have met or `timeout_s` passed. Returns the bound address.
+Result<SockAddr> start_root(const SockAddr& bind, uint64_t secret, double timeout_s);
+uint64_t random_secret();
+
+class Bootstrap {
+ public:
+  ~Bootstrap();
+  // Meets the other ranks through the root and builds the ring.
+  static Result<std::unique_ptr<Bootstrap>> connect(const UidContents& uid, int nranks, int rank, Deadline deadline,
+                                                    const std::atomic<bool>* abort = nullptr);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+  uint64_t secret() const { return secret_; }
+
+  // data holds nranks * bytes; this rank's block (at rank*bytes) is sent to all.
+  Status allgather(void* data, size_t bytes, Deadline deadline);
+  Status barrier(Deadline deadline);
+  void set_abort_flag(const std::atomic<bool>* abort) { abort_ = abort; }
+
+ private:
+  Bootstrap() = default;
+  int rank_ = 0, nranks_ = 0;
+  uint64_t secret_ = 0;
+  std::vector<PeerInfo> peers_;
+  Fd listen_, next_, prev_;
+  const std::atomic<bool>* abort_ = nullptr;
+};
+
+}  // namespace loom

@@ -1,0 +1,280 @@
+#include "core/comm_impl.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "algorithms/algorithms.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "transport/shm/shm_transport.h"
+
+namespace loom {
+namespace detail {
+
+void WorkState::complete(Status st) {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    status = std::move(st);
+    done.store(1, std::memory_order_release);
+  }
+  cv.notify_all();
+}
+
+Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int nranks, int rank, const Config& cfg) {
+  std::unique_ptr<CommImpl> c(new CommImpl());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  c->config_ = cfg;
+  c->name_ = cfg.name.empty() ? "comm" : cfg.name;
+  c->timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : params::timeout_s();
+  Deadline deadline = deadline_after(c->timeout_s_);
+  LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, &c->abort_));
+
+  const auto& peers = c->boot_->peers();
+  std::vector<bool> local(nranks);
+  for (int i = 0; i < nranks; ++i) local[i] = peers[i].host_hash == peers[rank].host_hash;
+  for (int i = 0; i < nranks; ++i)
+    if (!local[i])
+      return not_supported(fmt::format(
+          "rank {} runs on host '{}' and rank {} on host '{}': this build has no network transport yet, "
+          "only shared memory between ranks of one host",
+          rank, peers[rank].hostname, i, peers[i].hostname));
+  LOOM_ASSIGN_OR_RETURN(auto shm, ShmTransport::create(*c->boot_, local, params::shm_fifo_bytes(), deadline));
+  c->transport_ = std::move(shm);
+  c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
+  c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
+  LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
+            c->transport_->name(), c->timeout_s_);
+  return c;
+}
+
+CommImpl::~CommImpl() { (void)destroy(); }
+
+Status CommImpl::check_usable(const char* what) const {
+  if (destroyed_.load()) return invalid_usage(fmt::format("{}: communicator used after destroy", what));
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!failed_.is_ok())
+    return Status(failed_.code(), fmt::format("{}: communicator failed earlier: {}", what, failed_.message()));
+  return Status::ok();
+}
+
+namespace {
+
+bool mul_overflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+Result<Work> CommImpl::submit(CollArgs args, const void* send, void* recv) {
+  const char* what = collective_name(args.coll);
+  LOOM_RETURN_IF_ERROR(check_usable(what));
+  if (!is_valid(args.dt))
+    return invalid_argument(fmt::format("{}: unknown data type {}", what, static_cast<int>(args.dt)));
+  if (!is_valid(args.op)) return invalid_argument(fmt::format("{}: unknown reduction op {}", what, static_cast<int>(args.op)));
+  const bool rooted = args.coll == Collective::kBroadcast || args.coll == Collective::kReduce;
+  if (rooted && (args.root < 0 || args.root >= nranks_))
+    return invalid_argument(fmt::format("{}: root {} out of range [0, {})", what, args.root, nranks_));
+  const size_t es = dtype_size(args.dt);
+  size_t bytes = 0, total = 0;
+  if (mul_overflows(args.count, es, &bytes) || mul_overflows(bytes, static_cast<size_t>(nranks_), &total) ||
+      total > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
+    return invalid_argument(fmt::format("{}: count*size overflows ({} x {})", what, args.count, dtype_name(args.dt)));
+  // Which buffers must be non-null on this rank.
+  bool need_send = args.count > 0, need_recv = args.count > 0;
+  if (args.coll == Collective::kBroadcast) need_send = need_send && rank_ == args.root;
+  if (args.coll == Collective::kReduce) need_recv = need_recv && rank_ == args.root;
+  if (need_send && !send) return invalid_argument(fmt::format("{}: send buffer is null with count {}", what, args.count));
+  if (need_recv && !recv) return invalid_argument(fmt::format("{}: recv buffer is null with count {}", what, args.count));
+  auto* s = static_cast<std::byte*>(const_cast<void*>(send));
+  auto* r = static_cast<std::byte*>(recv);
+  switch (args.coll) {
+    case Collective::kReduceScatter: args.in_place = s && r == s + rank_ * bytes; break;
+    case Collective::kAllGather: args.in_place = r && s == r + rank_ * bytes; break;
+    default: args.in_place = s == r; break;
+  }
+  args.nranks = nranks_;
+  args.rank = rank_;
+  SubOp sub{args, {s, r}, 0};
+  if (group_depth_ > 0) {
+    group_subs_.push_back(std::move(sub));
+    return Work();
+  }
+  Op op;
+  op.subs.push_back(std::move(sub));
+  return enqueue(std::move(op));
+}
+
+Result<Work> CommImpl::submit_p2p(bool is_send, void* buf, size_t count, DataType dt, int peer) {
+  const char* what = is_send ? "send" : "recv";
+  LOOM_RETURN_IF_ERROR(check_usable(what));
+  if (!is_valid(dt)) return invalid_argument(fmt::format("{}: unknown data type {}", what, static_cast<int>(dt)));
+  if (peer < 0 || peer >= nranks_)
+    return invalid_argument(fmt::format("{}: peer {} out of range [0, {})", what, peer, nranks_));
+  size_t bytes = 0;
+  if (mul_overflows(count, dtype_size(dt), &bytes) || bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
+    return invalid_argument(fmt::format("{}: count*size overflows ({} x {})", what, count, dtype_name(dt)));
+  if (count > 0 && !buf) return invalid_argument(fmt::format("{}: buffer is null with count {}", what, count));
+  auto make_sub = [&]() {
+    SubOp sub;
+    sub.args.coll = Collective::kSendRecv;
+    sub.args.dt = dt;
+    sub.args.nranks = nranks_;
+    sub.args.rank = rank_;
+    sub.bufs = {nullptr, nullptr, nullptr};
+    return sub;
+  };
+  if (group_depth_ > 0) {
+    if (group_p2p_index_ < 0) {
+      group_p2p_index_ = static_cast<int>(group_subs_.size());
+      group_subs_.push_back(make_sub());
+    }
+    SubOp& g = group_subs_[group_p2p_index_];
+    if (g.args.dt != dt && !g.args.p2p.empty()) {
+      // Mixed types in one group: the element unit must be common. Use bytes.
+      return not_supported("send/recv with different data types in one group is not supported yet");
+    }
+    g.args.dt = dt;
+    g.args.p2p.push_back({is_send, peer, count});
+    g.bufs.push_back(static_cast<std::byte*>(buf));
+    return Work();
+  }
+  SubOp sub = make_sub();
+  sub.args.p2p.push_back({is_send, peer, count});
+  sub.bufs.push_back(static_cast<std::byte*>(buf));
+  Op op;
+  op.subs.push_back(std::move(sub));
+  return enqueue(std::move(op));
+}
+
+void CommImpl::group_start() { ++group_depth_; }
+
+Result<Work> CommImpl::group_end() {
+  if (group_depth_ == 0) return invalid_usage("group_end without group_start");
+  if (--group_depth_ > 0) return Work();
+  Op op;
+  op.subs = std::move(group_subs_);
+  group_subs_.clear();
+  group_p2p_index_ = -1;
+  LOOM_RETURN_IF_ERROR(check_usable("group_end"));
+  return enqueue(std::move(op));
+}
+
+Result<Work> CommImpl::enqueue(Op op) {
+  op.work = std::make_shared<WorkState>();
+  for (auto& s : op.subs) s.seq = next_seq_++;
+  Work w(op.work);
+  if (op.subs.empty()) {
+    op.work->complete(Status::ok());
+    return w;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return invalid_usage("operation issued during destroy");
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_one();
+  return w;
+}
+
+Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
+  if (a.coll == Collective::kSendRecv) return static_cast<const RankSchedule*>(nullptr);
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}", static_cast<int>(a.coll), a.count, static_cast<int>(a.dt),
+                                static_cast<int>(a.op), a.root, a.in_place);
+  auto it = schedule_cache_.find(key);
+  if (it != schedule_cache_.end()) return &it->second;
+  LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(a));
+  if (schedule_cache_.size() > 512) schedule_cache_.clear();
+  auto [pos, _] = schedule_cache_.emplace(key, std::move(s));
+  return &pos->second;
+}
+
+Status CommImpl::run_sub(SubOp& s) {
+  const CollArgs& a = s.args;
+  Deadline deadline = deadline_after(timeout_s_);
+  RankSchedule p2p_sched;
+  const RankSchedule* sched = nullptr;
+  if (a.coll == Collective::kSendRecv) {
+    LOOM_ASSIGN_OR_RETURN(p2p_sched, make_schedule(a));
+    sched = &p2p_sched;
+  } else {
+    LOOM_ASSIGN_OR_RETURN(sched, schedule_for(a));
+  }
+  exec_->progress().seq.store(s.seq, std::memory_order_relaxed);
+  // The op's name is only formatted when needed (errors), not per call.
+  std::string what;
+  Status st = exec_->run(*sched, s.bufs, a.dt, a.op, deadline, "");
+  if (!st.is_ok()) {
+    if (a.coll == Collective::kSendRecv)
+      what = fmt::format("{} rank {}: {} #{} ({} send/recv)", name_, rank_, collective_name(a.coll), s.seq, a.p2p.size());
+    else
+      what = fmt::format("{} rank {}: {} #{} ({}, {} x {}, {}{})", name_, rank_, collective_name(a.coll), s.seq,
+                         sched->algorithm, a.count, dtype_name(a.dt), redop_name(a.op),
+                         (a.coll == Collective::kBroadcast || a.coll == Collective::kReduce)
+                             ? fmt::format(", root {}", a.root)
+                             : "");
+    return Status(st.code(), what + st.message());
+  }
+  return st;
+}
+
+void CommImpl::fail(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (failed_.is_ok()) failed_ = st;
+  }
+  if (transport_) transport_->announce_abort(fmt::format("{} rank {}: {}", name_, rank_, st.to_string()));
+}
+
+void CommImpl::engine_main() {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status st = async_error();
+    if (!st.is_ok()) st = Status(st.code(), "communicator failed earlier: " + st.message());
+    else if (abort_.load()) st = aborted_error("communicator aborted");
+    for (auto& sub : op.subs) {
+      if (!st.is_ok()) break;
+      st = run_sub(sub);
+      if (!st.is_ok()) {
+        LOOM_WARN(kLogColl, "{}", st.message());
+        fail(st);
+      }
+    }
+    op.work->complete(st);
+  }
+}
+
+void CommImpl::abort(const std::string& reason) {
+  if (abort_.exchange(true)) return;
+  fail(aborted_error(fmt::format("{} rank {}: {}", name_, rank_, reason)));
+  if (transport_) transport_->wake_self();
+  cv_.notify_all();
+}
+
+Status CommImpl::destroy() {
+  if (destroyed_.exchange(true)) return Status::ok();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (engine_.joinable()) engine_.join();
+  exec_.reset();
+  transport_.reset();
+  boot_.reset();
+  return Status::ok();
+}
+
+Status CommImpl::async_error() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failed_;
+}
+
+}  // namespace detail
+}  // namespace loom

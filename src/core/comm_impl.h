@@ -1,0 +1,100 @@
+// CommImpl: the communicator behind loom::Comm — bootstrap, transport,
+// executor and the progress engine (one thread that runs queued operations in
+// issue order).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/schedule.h"
+#include "bootstrap/bootstrap.h"
+#include "core/executor.h"
+#include "loom/comm.h"
+#include "transport/transport.h"
+
+namespace loom {
+namespace detail {
+
+struct WorkState {
+  std::atomic<int> done{0};
+  Status status;  // written once before done is set
+  std::mutex mu;
+  std::condition_variable cv;
+  void complete(Status st);
+};
+
+class CommImpl {
+ public:
+  static Result<std::unique_ptr<CommImpl>> create(const UidContents& uid, int nranks, int rank, const Config& cfg);
+  ~CommImpl();
+
+  int rank() const { return rank_; }
+  int size() const { return nranks_; }
+  const std::string& name() const { return name_; }
+  Bootstrap& bootstrap() { return *boot_; }
+  const Config& config() const { return config_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // Validated collective call (NCCL buffer conventions, see comm.h).
+  Result<Work> submit(CollArgs args, const void* send, void* recv);
+  Result<Work> submit_p2p(bool is_send, void* buf, size_t count, DataType dt, int peer);
+  void group_start();
+  Result<Work> group_end();
+
+  void abort(const std::string& reason);
+  Status destroy();
+  Status async_error() const;
+
+ private:
+  struct SubOp {
+    CollArgs args;
+    std::vector<std::byte*> bufs;
+    uint64_t seq = 0;
+  };
+  struct Op {
+    std::vector<SubOp> subs;
+    std::shared_ptr<WorkState> work;
+  };
+
+  CommImpl() = default;
+  Status check_usable(const char* what) const;
+  Result<Work> enqueue(Op op);
+  void engine_main();
+  Status run_sub(SubOp& s);
+  void fail(const Status& st);
+  Result<const RankSchedule*> schedule_for(const CollArgs& args);
+
+  int rank_ = 0, nranks_ = 0;
+  std::string name_;
+  Config config_;
+  double timeout_s_ = 300;
+  std::unique_ptr<Bootstrap> boot_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Executor> exec_;
+  std::atomic<bool> abort_{false};
+  std::atomic<bool> destroyed_{false};
+
+  mutable std::mutex mu_;  // guards queue_, failed_, stopping_
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  Status failed_;
+  bool stopping_ = false;
+  std::thread engine_;
+
+  uint64_t next_seq_ = 0;  // issuing thread only
+  int group_depth_ = 0;
+  std::vector<SubOp> group_subs_;
+  int group_p2p_index_ = -1;  // position of the merged p2p sub-op in group_subs_
+
+  std::map<std::string, RankSchedule> schedule_cache_;  // engine thread only
+};
+
+}  // namespace detail
+}  // namespace loom

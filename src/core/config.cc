@@ -1,0 +1,103 @@
+#include "core/config.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace loom {
+namespace {
+
+std::vector<ParamInfo>& registry() {
+  static std::vector<ParamInfo> r = {
+      {"LOOM_TIMEOUT", "double", "300",
+       "Deadline in seconds for every wait of an operation (connect, send, receive); "
+       "on expiry the operation fails naming the peer and step, and the communicator is marked failed."},
+      {"LOOM_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO, TRACE (NCCL_DEBUG is honoured by the shim)."},
+      {"LOOM_DEBUG_SUBSYS", "string", "ALL",
+       "Comma list of subsystems to log: INIT, COLL, P2P, SHM, NET, BOOT, ENV, TOPO, TUNE, DIAG, ALL; ^ prefix excludes."},
+      {"LOOM_DEBUG_FILE", "string", "", "Write logs to this file instead of stderr; %h = host, %p = pid."},
+      {"LOOM_RANK", "int", "", "This process's rank (env bootstrap)."},
+      {"LOOM_WORLD_SIZE", "int", "", "Number of ranks (env bootstrap)."},
+      {"LOOM_ROOT_ADDR", "string", "", "host:port where rank 0 listens for the rendezvous (env bootstrap)."},
+      {"LOOM_SHM_FIFO_BYTES", "bytes", "2M", "Size of each shared-memory FIFO between two ranks (one per direction)."},
+      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
+      {"LOOM_SPIN", "int", "2000",
+       "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
+      {"LOOM_HOST_ID", "string", "",
+       "Overrides the host identity (hash of hostname + boot id) so tests can fake several hosts."},
+      {"LOOM_LOOMRUN_GRACE", "double", "3", "loomrun: seconds to wait for the other ranks after one fails before killing them."},
+  };
+  return r;
+}
+
+}  // namespace
+
+const std::vector<ParamInfo>& all_params() { return registry(); }
+
+const char* env_raw(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int64_t env_int(const char* name, int64_t def) {
+  const char* v = env_raw(name);
+  if (!v) return def;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  return (end && *end == '\0') ? x : def;
+}
+
+double env_double(const char* name, double def) {
+  const char* v = env_raw(name);
+  if (!v) return def;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  return (end && *end == '\0') ? x : def;
+}
+
+bool env_bool(const char* name, bool def) {
+  const char* v = env_raw(name);
+  if (!v) return def;
+  return !(std::strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 ||
+           strcasecmp(v, "off") == 0);
+}
+
+std::string env_string(const char* name, const std::string& def) {
+  const char* v = env_raw(name);
+  return v ? std::string(v) : def;
+}
+
+bool parse_bytes(const std::string& text, uint64_t* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str()) return false;
+  uint64_t mult = 1;
+  if (*end) {
+    switch (*end) {
+      case 'k': case 'K': mult = 1ull << 10; break;
+      case 'm': case 'M': mult = 1ull << 20; break;
+      case 'g': case 'G': mult = 1ull << 30; break;
+      default: return false;
+    }
+    ++end;
+    if (*end == 'B' || *end == 'b') ++end;
+    if (*end) return false;
+  }
+  *out = x * mult;
+  return true;
+}
+
+uint64_t env_bytes(const char* name, uint64_t def) {
+  const char* v = env_raw(name);
+  uint64_t x = 0;
+  return (v && parse_bytes(v, &x)) ? x : def;
+}
+
+namespace params {
+double timeout_s() { return env_double("LOOM_TIMEOUT", 300.0); }
+uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20); }
+uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
+int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
+}  // namespace params
+
+}  // namespace loom

@@ -1,0 +1,44 @@
+// One typed registry of every LOOM_* environment variable.
+//
+// Each variable is declared once (name, type, default, doc) with LOOM_PARAM in
+// config.cc; `loom-env --markdown` prints docs/env.md from the registry, and
+// the effective values are logged at INFO under the ENV subsystem.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct ParamInfo {
+  const char* name;      // "LOOM_TIMEOUT"
+  const char* type;      // "int", "double", "string", "bytes", "bool"
+  const char* def;       // default as text
+  const char* doc;       // one-line description
+};
+
+// All declared parameters, in declaration order.
+const std::vector<ParamInfo>& all_params();
+
+// Raw lookup: the environment value, or nullptr when unset or empty.
+const char* env_raw(const char* name);
+
+int64_t env_int(const char* name, int64_t def);
+double env_double(const char* name, double def);
+bool env_bool(const char* name, bool def);
+std::string env_string(const char* name, const std::string& def);
+// Accepts plain numbers and K/M/G suffixes (powers of 1024).
+uint64_t env_bytes(const char* name, uint64_t def);
+// Parses "64K", "1M", "8" -> bytes; false on malformed input.
+bool parse_bytes(const std::string& text, uint64_t* out);
+
+// Typed accessors for the registered parameters (defaults live in config.cc).
+namespace params {
+double timeout_s();          // LOOM_TIMEOUT
+uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
+uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
+int spin_count();            // LOOM_SPIN
+}  // namespace params
+
+}  // namespace loom

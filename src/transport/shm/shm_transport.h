@@ -1,0 +1,52 @@
+// Shared-memory transport for ranks of one host (processes or threads).
+//
+// Each rank creates one POSIX shm segment holding a header (pid, abort flag
+// and reason, a futex doorbell) and one inbound FIFO per peer. Peers map each
+// other's segments; once every rank has mapped all segments (a bootstrap
+// barrier) each rank unlinks its own, so nothing is left in /dev/shm even if a
+// process is killed later. Writers copy into the receiver's FIFO; receivers
+// reduce or copy straight out of it. Idle engines sleep on the doorbell futex
+// after a short spin, so oversubscribed ranks do not starve each other.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "transport/transport.h"
+
+namespace loom {
+
+class ShmTransport final : public Transport {
+ public:
+  // Collective over `boot`: every rank of the bootstrap must call it.
+  // `local[r]` says whether rank r shares this host (only those are mapped).
+  static Result<std::unique_ptr<ShmTransport>> create(Bootstrap& boot, const std::vector<bool>& local,
+                                                      size_t fifo_bytes, Deadline deadline);
+  ~ShmTransport() override;
+
+  const char* name() const override { return "shm"; }
+  Connection* connection(int peer) override;
+  uint32_t events() override;
+  void wait_events(uint32_t seen, std::chrono::microseconds timeout) override;
+  Status check_peer(int peer) override;
+  void announce_abort(const std::string& reason) override;
+  void wake_self() override;
+
+  struct Segment;  // defined in the .cc
+
+ private:
+  ShmTransport() = default;
+  int rank_ = 0, nranks_ = 0;
+  size_t fifo_bytes_ = 0;
+  size_t seg_bytes_ = 0;
+  std::vector<Segment*> segs_;  // per rank; nullptr for ranks on other hosts
+  std::vector<std::unique_ptr<Connection>> conns_;
+  std::string own_name_;
+  bool unlinked_ = false;
+  std::vector<int> peer_pids_;
+  std::vector<std::string> peer_hosts_;
+};
+
+}  // namespace loom

@@ -1,0 +1,52 @@
+// Transports move byte streams between ranks. Every transport (shm, socket,
+// ib, cuda_ipc) implements the same two classes, so the executor and the
+// algorithms never know which one they run on.
+//
+// Stream contract: messages are delimited by the schedule (both sides know
+// each message's size). Inside a message, partial pushes and partial reads are
+// multiples of 8 bytes, so a reducer never sees a split element (element sizes
+// divide 8); the transport pads each message to 8 bytes internally.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "loom/status.h"
+
+namespace loom {
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Pushes up to msg_remaining bytes of the current outgoing message; returns
+  // how many were accepted (0 when the channel is full). Never blocks.
+  virtual size_t send_some(const std::byte* src, size_t msg_remaining) = 0;
+  // Contiguous received bytes of the current incoming message (at most
+  // msg_remaining); empty when nothing has arrived. Never blocks.
+  virtual std::span<const std::byte> recv_peek(size_t msg_remaining) = 0;
+  // Releases the first n bytes returned by recv_peek.
+  virtual void recv_consume(size_t n, size_t msg_remaining) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // The connection to peer, or nullptr when this transport does not reach it.
+  virtual Connection* connection(int peer) = 0;
+  // A counter bumped whenever a peer pushes data to us or frees space we wait
+  // for. Read it before polling; sleep with wait_events if nothing moved.
+  virtual uint32_t events() = 0;
+  virtual void wait_events(uint32_t seen, std::chrono::microseconds timeout) = 0;
+  // Non-ok if the peer's process died or it announced an abort.
+  virtual Status check_peer(int peer) = 0;
+  // Tells every peer this rank failed, with the reason (they fail fast).
+  virtual void announce_abort(const std::string& reason) = 0;
+  // Wakes this rank's own waiting engine (used by abort()).
+  virtual void wake_self() = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,216 @@
+// Every registered algorithm, for every collective, checked by the in-memory
+// interpreter for nranks 1..17, odd and even counts, every op and every dtype,
+// in and out of place, against closed-form expectations.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/interpreter.h"
+#include "common/test_util.h"
+#include "kernels/host_reduce.h"
+
+namespace loom {
+namespace {
+
+using testing::count_wrong_copied;
+using testing::count_wrong_reduced;
+using testing::fill;
+
+bool reduces(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+}
+
+// Runs `algo` for all ranks in memory and checks the result; returns "" or the failure.
+std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp op, bool in_place, int root,
+                  size_t chunk = 0) {
+  const size_t es = dtype_size(dt);
+  const Collective c = algo.coll;
+  size_t send_count = count, recv_count = count;
+  if (c == Collective::kReduceScatter) send_count = count * n;
+  if (c == Collective::kAllGather) recv_count = count * n;
+  if (c == Collective::kAllToAll) send_count = recv_count = count * n;
+  const RedOp fill_op = reduces(c) ? op : RedOp::kSum;
+  std::vector<std::vector<std::byte>> sendv(n), recvv(n);
+  std::vector<RankSchedule> scheds;
+  std::vector<std::vector<std::byte*>> bufs(n);
+  for (int r = 0; r < n; ++r) {
+    sendv[r].assign(std::max<size_t>(1, send_count * es), std::byte{0});
+    recvv[r].assign(std::max<size_t>(1, std::max(send_count, recv_count) * es), std::byte{0x7f});
+    std::byte* s = sendv[r].data();
+    std::byte* rv = recvv[r].data();
+    if (in_place) {
+      if (c == Collective::kReduceScatter) {
+        fill(rv, send_count, dt, fill_op, r);
+        s = rv;
+        rv = rv + r * count * es;
+      } else if (c == Collective::kAllGather) {
+        fill(rv + r * count * es, count, dt, fill_op, r);
+        s = rv + r * count * es;
+      } else {
+        fill(rv, send_count, dt, fill_op, r);
+        s = rv;
+      }
+    } else {
+      fill(s, send_count, dt, fill_op, r);
+    }
+    CollArgs a;
+    a.coll = c;
+    a.count = count;
+    a.dt = dt;
+    a.op = op;
+    a.root = root;
+    a.nranks = n;
+    a.rank = r;
+    a.in_place = in_place;
+    a.chunk_elems = chunk;
+    if (c == Collective::kSendRecv) {
+      a.p2p = {{true, (r + 1) % n, count}, {false, (r - 1 + n) % n, count}};
+      bufs[r] = {nullptr, nullptr, nullptr, s, rv};
+    } else {
+      bufs[r] = {s, rv};
+    }
+    auto sched = make_schedule(a, algo.name);
+    if (!sched.is_ok()) return "make_schedule: " + sched.status().to_string();
+    scheds.push_back(std::move(sched).value());
+  }
+  Status st = interpret(scheds, bufs, dt, op);
+  if (!st.is_ok()) return st.to_string();
+  for (int r = 0; r < n; ++r) {
+    std::string first;
+    size_t wrong = 0;
+    std::byte* out = c == Collective::kSendRecv ? bufs[r][kBufUser + 1] : bufs[r][kBufRecv];
+    switch (c) {
+      case Collective::kAllReduce: wrong = count_wrong_reduced(out, count, dt, op, n, 0, &first); break;
+      case Collective::kReduceScatter: wrong = count_wrong_reduced(out, count, dt, op, n, r * count, &first); break;
+      case Collective::kReduce:
+        if (r == root) wrong = count_wrong_reduced(out, count, dt, op, n, 0, &first);
+        break;
+      case Collective::kBroadcast: wrong = count_wrong_copied(out, count, dt, fill_op, root, 0, &first); break;
+      case Collective::kAllGather:
+        for (int b = 0; b < n && !wrong; ++b)
+          wrong = count_wrong_copied(out + b * count * es, count, dt, fill_op, b, 0, &first);
+        break;
+      case Collective::kAllToAll:
+        for (int b = 0; b < n && !wrong; ++b)
+          wrong = count_wrong_copied(out + b * count * es, count, dt, fill_op, b, r * count, &first);
+        break;
+      case Collective::kSendRecv:
+        wrong = count_wrong_copied(out, count, dt, fill_op, (r - 1 + n) % n, 0, &first);
+        break;
+    }
+    if (wrong) return fmt::format("rank {}: {} wrong; {}", r, wrong, first);
+  }
+  return "";
+}
+
+TEST(Schedules, EveryAlgorithmEveryShape) {
+  size_t cases = 0;
+  for (const Algorithm& algo : all_algorithms()) {
+    for (int n = 1; n <= 17; ++n) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{16}, size_t{33}, size_t{100}}) {
+        for (int d = 0; d < kNumDataTypes; ++d) {
+          const int nops = reduces(algo.coll) ? kNumRedOps : 1;
+          for (int o = 0; o < nops; ++o) {
+            for (bool in_place : {false, true}) {
+              if (algo.coll == Collective::kSendRecv && in_place) continue;
+              int root = static_cast<int>((count + d + o) % n);
+              // Small chunks so chain pipelines have many chunks in flight.
+              std::string err = check(algo, n, count, static_cast<DataType>(d), static_cast<RedOp>(o), in_place, root, 3);
+              ASSERT_EQ(err, "") << algo.name << " " << collective_name(algo.coll) << " n=" << n << " count=" << count
+                                 << " " << dtype_name(static_cast<DataType>(d)) << " "
+                                 << redop_name(static_cast<RedOp>(o)) << (in_place ? " in-place" : "") << " root=" << root;
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 10000u);
+}
+
+// Property test: random (algorithm, nranks, count, root, chunk) -> correct.
+TEST(Schedules, RandomProperty) {
+  std::mt19937_64 rng(12345);
+  const auto& algos = all_algorithms();
+  for (int iter = 0; iter < 300; ++iter) {
+    const Algorithm& algo = algos[rng() % algos.size()];
+    int n = 1 + static_cast<int>(rng() % 24);
+    size_t count = rng() % 3000;
+    DataType dt = static_cast<DataType>(rng() % kNumDataTypes);
+    RedOp op = reduces(algo.coll) ? static_cast<RedOp>(rng() % kNumRedOps) : RedOp::kSum;
+    bool in_place = algo.coll != Collective::kSendRecv && rng() % 2;
+    int root = static_cast<int>(rng() % n);
+    size_t chunk = 1 + rng() % 500;
+    std::string err = check(algo, n, count, dt, op, in_place, root, chunk);
+    ASSERT_EQ(err, "") << algo.name << " " << collective_name(algo.coll) << " n=" << n << " count=" << count << " "
+                       << dtype_name(dt) << " " << redop_name(op) << " root=" << root << " chunk=" << chunk;
+  }
+}
+
+// The interpreter itself must catch broken schedules, or the tests above prove nothing.
+TEST(Interpreter, DetectsDeadlock) {
+  // Both ranks receive first from each other in separate phases before sending.
+  RankSchedule s0, s1;
+  Step rcv;
+  rcv.kind = StepKind::kRecv;
+  rcv.count = 4;
+  rcv.dst = {kBufRecv, 0};
+  Step snd;
+  snd.kind = StepKind::kSend;
+  snd.count = 4;
+  snd.src = {kBufSend, 0};
+  rcv.peer = 1;
+  snd.peer = 1;
+  s0.phases = {Phase{{rcv}}, Phase{{snd}}};
+  rcv.peer = 0;
+  snd.peer = 0;
+  s1.phases = {Phase{{rcv}}, Phase{{snd}}};
+  std::vector<float> a(4), b(4), c(4), d(4);
+  std::vector<std::vector<std::byte*>> bufs = {{reinterpret_cast<std::byte*>(a.data()), reinterpret_cast<std::byte*>(b.data())},
+                                               {reinterpret_cast<std::byte*>(c.data()), reinterpret_cast<std::byte*>(d.data())}};
+  Status st = interpret({s0, s1}, bufs, DataType::kFloat32, RedOp::kSum);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("deadlock"), std::string::npos) << st.to_string();
+}
+
+TEST(Interpreter, DetectsSizeMismatchAndHazard) {
+  std::vector<float> a(8), b(8), c(8), d(8);
+  auto p = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
+  std::vector<std::vector<std::byte*>> bufs = {{p(a), p(b)}, {p(c), p(d)}};
+  Step snd{StepKind::kSend, 1, {kBufSend, 0}, {}, {}, 4};
+  Step rcv{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 3};
+  Status st = interpret({RankSchedule{{Phase{{snd}}}, 0, "t"}, RankSchedule{{Phase{{rcv}}}, 0, "t"}}, bufs,
+                        DataType::kFloat32, RedOp::kSum);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("matched a message of 4"), std::string::npos) << st.to_string();
+
+  // A send reading what a receive of the same phase writes.
+  Step snd2{StepKind::kSend, 1, {kBufRecv, 0}, {}, {}, 4};
+  Step rcv2{StepKind::kRecv, 1, {}, {}, {kBufRecv, 2}, 4};
+  Step snd3{StepKind::kSend, 0, {kBufSend, 0}, {}, {}, 4};
+  Step rcv3{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
+  st = interpret({RankSchedule{{Phase{{snd2, rcv2}}}, 0, "t"}, RankSchedule{{Phase{{snd3, rcv3}}}, 0, "t"}}, bufs,
+                 DataType::kFloat32, RedOp::kSum);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.to_string();
+}
+
+TEST(Schedules, RejectsBadArguments) {
+  CollArgs a;
+  a.nranks = 4;
+  a.rank = 4;
+  EXPECT_EQ(make_schedule(a).status().code(), StatusCode::kInvalidArgument);
+  a.rank = 0;
+  a.coll = Collective::kBroadcast;
+  a.root = 7;
+  EXPECT_EQ(make_schedule(a).status().code(), StatusCode::kInvalidArgument);
+  a.root = 0;
+  EXPECT_EQ(make_schedule(a, "no-such-algo").status().code(), StatusCode::kNotSupported);
+}
+
+}  // namespace
+}  // namespace loom

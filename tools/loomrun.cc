@@ -1,0 +1,244 @@
+// loomrun -n N [options] [--] program [args...]
+//
+// Starts N local ranks of `program` with the env bootstrap (LOOM_RANK,
+// LOOM_WORLD_SIZE, LOOM_ROOT_ADDR, LOOM_SECRET, LOOM_LOCAL_RANK), prefixes every
+// output line with the rank, and when one rank fails (non-zero exit or a
+// signal) gives the others a grace period, then terminates them and exits
+// non-zero with a one-line summary of who failed and how.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+void usage(FILE* out) {
+  fprintf(out,
+          "usage: loomrun -n N [--grace SECONDS] [--no-prefix] [--] program [args...]\n"
+          "  Starts N ranks of program on this host with LOOM_RANK, LOOM_WORLD_SIZE,\n"
+          "  LOOM_ROOT_ADDR (127.0.0.1:<free port>), LOOM_SECRET and LOOM_LOCAL_RANK set.\n"
+          "  Output lines are prefixed with [rank]. If a rank exits non-zero or is killed,\n"
+          "  the others get --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
+          "  then are terminated; loomrun exits non-zero with a summary.\n");
+}
+
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    perror("loomrun: cannot find a free port");
+    exit(2);
+  }
+  int port = ntohs(a.sin_port);
+  close(s);
+  return port;
+}
+
+struct Rank {
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+};
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (SIG" + std::string(sigabbrev_np(sig) ? sigabbrev_np(sig) : "?") + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+void flush_lines(Rank& r, int rank, bool prefix, bool final) {
+  size_t pos;
+  while ((pos = r.partial.find('\n')) != std::string::npos) {
+    std::string line = r.partial.substr(0, pos + 1);
+    r.partial.erase(0, pos + 1);
+    if (prefix) fprintf(stdout, "[%d] %s", rank, line.c_str());
+    else fputs(line.c_str(), stdout);
+  }
+  if (final && !r.partial.empty()) {
+    if (prefix) fprintf(stdout, "[%d] %s\n", rank, r.partial.c_str());
+    else fprintf(stdout, "%s\n", r.partial.c_str());
+    r.partial.clear();
+  }
+  fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = -1;
+  double grace = 3.0;
+  if (const char* g = getenv("LOOM_LOOMRUN_GRACE")) grace = atof(g);
+  bool prefix = true;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-n" || a == "-np") {
+      if (i + 1 >= argc) { usage(stderr); return 2; }
+      n = atoi(argv[++i]);
+    } else if (a == "--grace") {
+      if (i + 1 >= argc) { usage(stderr); return 2; }
+      grace = atof(argv[++i]);
+    } else if (a == "--no-prefix") {
+      prefix = false;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    } else if (a == "--") {
+      ++i;
+      break;
+    } else {
+      break;
+    }
+  }
+  if (n < 1 || i >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  signal(SIGPIPE, SIG_IGN);
+
+  const int port = free_port();
+  unsigned long long secret = 0;
+  if (getrandom(&secret, sizeof(secret), 0) != sizeof(secret)) secret = static_cast<unsigned long long>(getpid()) * 2654435761ull;
+  char root[64], sec[32];
+  snprintf(root, sizeof(root), "127.0.0.1:%d", port);
+  snprintf(sec, sizeof(sec), "%016llx", secret);
+
+  std::vector<Rank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) { perror("loomrun: pipe"); return 2; }
+    pid_t pid = fork();
+    if (pid < 0) { perror("loomrun: fork"); return 2; }
+    if (pid == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      setenv("LOOM_RANK", std::to_string(r).c_str(), 1);
+      setenv("LOOM_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("LOOM_ROOT_ADDR", root, 1);
+      setenv("LOOM_SECRET", sec, 1);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      signal(SIGPIPE, SIG_DFL);
+      execvp(argv[i], argv + i);
+      fprintf(stderr, "loomrun: cannot execute %s: %s\n", argv[i], strerror(errno));
+      _exit(127);
+    }
+    close(fds[1]);
+    ranks[r].pid = pid;
+    ranks[r].out_fd = fds[0];
+  }
+
+  using Clock = std::chrono::steady_clock;
+  int first_failed = -1;
+  Clock::time_point kill_at{}, hard_kill_at{};
+  bool term_sent = false, kill_sent = false;
+  int alive = n;
+  std::vector<int> killed_by_us;
+  while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.out_fd >= 0; })) {
+    std::vector<pollfd> pfds;
+    std::vector<int> who;
+    for (int r = 0; r < n; ++r)
+      if (ranks[r].out_fd >= 0) {
+        pfds.push_back({ranks[r].out_fd, POLLIN, 0});
+        who.push_back(r);
+      }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 50);
+    else usleep(20000);
+    for (size_t k = 0; k < pfds.size(); ++k) {
+      if (!(pfds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& rk = ranks[who[k]];
+      char buf[65536];
+      ssize_t got = read(rk.out_fd, buf, sizeof(buf));
+      if (got > 0) {
+        rk.partial.append(buf, static_cast<size_t>(got));
+        flush_lines(rk, who[k], prefix, false);
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        flush_lines(rk, who[k], prefix, true);
+        close(rk.out_fd);
+        rk.out_fd = -1;
+      }
+    }
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (int r = 0; r < n; ++r)
+        if (ranks[r].pid == pid) {
+          ranks[r].exited = true;
+          ranks[r].status = status;
+          --alive;
+          if (failed(status) && first_failed < 0 && !term_sent) {
+            first_failed = r;
+            kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(grace * 1000));
+          }
+        }
+    }
+    if (g_signal && !term_sent) {
+      first_failed = first_failed < 0 ? -2 : first_failed;
+      kill_at = Clock::now();
+    }
+    if (first_failed != -1 && alive > 0) {
+      auto now = Clock::now();
+      if (!term_sent && now >= kill_at) {
+        for (int r = 0; r < n; ++r)
+          if (!ranks[r].exited) {
+            kill(ranks[r].pid, SIGTERM);
+            killed_by_us.push_back(r);
+          }
+        term_sent = true;
+        hard_kill_at = now + std::chrono::seconds(2);
+      } else if (term_sent && !kill_sent && now >= hard_kill_at) {
+        for (int r = 0; r < n; ++r)
+          if (!ranks[r].exited) kill(ranks[r].pid, SIGKILL);
+        kill_sent = true;
+      }
+    }
+  }
+  if (first_failed == -1) return 0;
+  std::string summary = "loomrun: ";
+  if (first_failed >= 0)
+    summary += "rank " + std::to_string(first_failed) + " (pid " + std::to_string(ranks[first_failed].pid) + ") " +
+               describe_exit(ranks[first_failed].status);
+  else
+    summary += "interrupted by signal " + std::to_string(g_signal);
+  std::string others;
+  for (int r = 0; r < n; ++r) {
+    if (r == first_failed) continue;
+    bool ours = std::find(killed_by_us.begin(), killed_by_us.end(), r) != killed_by_us.end();
+    if (ours) others += (others.empty() ? "" : ", ") + std::to_string(r) + " terminated by loomrun";
+    else if (failed(ranks[r].status)) others += (others.empty() ? "" : ", ") + std::to_string(r) + " " + describe_exit(ranks[r].status);
+  }
+  if (!others.empty()) summary += "; other ranks: " + others;
+  fprintf(stderr, "%s\n", summary.c_str());
+  return 1;
+}
