@@ -5,29 +5,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "loom/comm.h"
+#include "verifiable.h"
 
 namespace loom::testing {
 
-// Input element `index` of rank `rank`. Values are small integers chosen so
-// that every reduction over up to 24 ranks is exact in every data type
-// (including fp8 and every partial sum along any reduction order).
-double input_value(int rank, size_t index, DataType dt, RedOp op);
-// Closed-form result of reducing input_value over nranks ranks at `index`,
-// already rounded to dt (avg: one division at the end, as Loom does).
-double expected_value(size_t index, DataType dt, RedOp op, int nranks);
-
-void fill(void* buf, size_t count, DataType dt, RedOp op, int rank, size_t index_offset = 0);
-// Number of elements of buf that differ from expected(index_offset + i); the
-// first difference is described in *first.
-size_t count_wrong_reduced(const void* buf, size_t count, DataType dt, RedOp op, int nranks, size_t index_offset,
-                           std::string* first);
-// Number of elements that differ from input_value(rank, index_offset + i).
-size_t count_wrong_copied(const void* buf, size_t count, DataType dt, RedOp op, int rank, size_t index_offset,
-                          std::string* first);
+using verifiable::input_value;
+using verifiable::expected_value;
+using verifiable::fill;
+using verifiable::count_wrong_reduced;
+using verifiable::count_wrong_copied;
 
 struct Case {
   Collective coll = Collective::kAllReduce;
@@ -48,5 +39,21 @@ Status run_case(Comm& comm, const Case& c);
 // x count x in/out-of-place. `big` is the 1M+3 count; see the .cc for which
 // cases run at that size.
 std::vector<Case> correctness_matrix(int nranks, bool include_big);
+
+}  // namespace loom::testing
+
+namespace loom::testing {
+
+// Forks n processes; child r runs body(r) and exits with its return value.
+// Returns the children's wait statuses (the parent reaps them).
+struct ChildResult {
+  int status = 0;
+  std::string output;  // what the child wrote to its result pipe
+};
+std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
+                                       int timeout_s = 600);
+
+// Names of /dev/shm entries Loom creates ("loom-*").
+std::vector<std::string> loom_shm_segments();
 
 }  // namespace loom::testing

@@ -1,0 +1,209 @@
+// Bad input and failure paths: each gives a precise error, never a crash or a hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "common/test_util.h"
+
+namespace loom {
+namespace {
+
+class Errors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = Comm::init_all(2);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    comms_ = std::move(c).value();
+  }
+  std::vector<std::unique_ptr<Comm>> comms_;
+};
+
+void expect_error(const Result<Work>& r, StatusCode code, const std::string& needle) {
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().to_string();
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+}
+
+TEST_F(Errors, BadArguments) {
+  Comm& c = *comms_[0];
+  float x[4] = {};
+  expect_error(c.allreduce(nullptr, x, 4, DataType::kFloat32, RedOp::kSum), StatusCode::kInvalidArgument,
+               "send buffer is null");
+  expect_error(c.allreduce(x, nullptr, 4, DataType::kFloat32, RedOp::kSum), StatusCode::kInvalidArgument,
+               "recv buffer is null");
+  expect_error(c.allreduce(x, x, SIZE_MAX / 2, DataType::kFloat32, RedOp::kSum), StatusCode::kInvalidArgument,
+               "overflows");
+  expect_error(c.all_gather(x, x, SIZE_MAX / 8, DataType::kFloat64), StatusCode::kInvalidArgument, "overflows");
+  expect_error(c.allreduce(x, x, 4, static_cast<DataType>(42), RedOp::kSum), StatusCode::kInvalidArgument,
+               "unknown data type");
+  expect_error(c.allreduce(x, x, 4, DataType::kFloat32, static_cast<RedOp>(9)), StatusCode::kInvalidArgument,
+               "unknown reduction op");
+  expect_error(c.broadcast(x, x, 4, DataType::kFloat32, 2), StatusCode::kInvalidArgument, "root 2 out of range");
+  expect_error(c.reduce(x, x, 4, DataType::kFloat32, RedOp::kSum, -1), StatusCode::kInvalidArgument, "root -1");
+  expect_error(c.send(x, 4, DataType::kFloat32, 5), StatusCode::kInvalidArgument, "peer 5 out of range");
+  expect_error(c.recv(x, 4, DataType::kFloat32, -1), StatusCode::kInvalidArgument, "peer -1 out of range");
+  expect_error(c.group_end(), StatusCode::kInvalidUsage, "group_end without group_start");
+  // Null buffers are fine with count 0.
+  auto ok = c.allreduce(nullptr, nullptr, 0, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(ok.is_ok());
+  auto ok1 = comms_[1]->allreduce(nullptr, nullptr, 0, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(ok1.is_ok());
+  EXPECT_TRUE(ok->wait().is_ok());
+  EXPECT_TRUE(ok1->wait().is_ok());
+}
+
+TEST_F(Errors, UseAfterDestroy) {
+  float x[4] = {};
+  ASSERT_TRUE(comms_[0]->destroy().is_ok());
+  ASSERT_TRUE(comms_[1]->destroy().is_ok());
+  expect_error(comms_[0]->allreduce(x, x, 4, DataType::kFloat32, RedOp::kSum), StatusCode::kInvalidUsage,
+               "used after destroy");
+  EXPECT_TRUE(comms_[0]->destroy().is_ok());  // idempotent
+}
+
+TEST_F(Errors, MissingPeerTimesOutNamingIt) {
+  // Rank 1 never calls: rank 0 must fail after its deadline, naming rank 1.
+  comms_.clear();
+  Config cfg;
+  cfg.timeout_s = 1;
+  auto c = Comm::init_all(2, cfg);
+  ASSERT_TRUE(c.is_ok());
+  float x[1024] = {};
+  auto t0 = std::chrono::steady_clock::now();
+  auto w = (*c)[0]->allreduce(x, x, 1024, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w.is_ok());
+  Status st = w->wait();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("allreduce #0"), std::string::npos) << st.to_string();
+  EXPECT_LT(secs, 5);
+  // The communicator is now failed: later ops fail at once with the first error.
+  auto w2 = (*c)[0]->allreduce(x, x, 4, DataType::kFloat32, RedOp::kSum);
+  ASSERT_FALSE(w2.is_ok());
+  EXPECT_NE(w2.status().message().find("failed earlier"), std::string::npos);
+  EXPECT_FALSE((*c)[0]->async_error().is_ok());
+  // Rank 1 learns of rank 0's failure instead of hanging.
+  auto w3 = (*c)[1]->allreduce(x, x, 1024, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w3.is_ok());
+  Status st3 = w3->wait();
+  EXPECT_EQ(st3.code(), StatusCode::kRemoteError) << st3.to_string();
+  EXPECT_NE(st3.message().find("rank 0 failed"), std::string::npos) << st3.to_string();
+}
+
+TEST_F(Errors, AbortUnblocksWaiter) {
+  float x[1024] = {};
+  auto w = comms_[0]->allreduce(x, x, 1024, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w.is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  comms_[0]->abort("user gave up");
+  Status st = w->wait();
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
+}
+
+TEST(InitErrors, RankOutOfRange) {
+  UniqueId id;
+  EXPECT_EQ(Comm::init_rank(id, 2, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Comm::init_rank(id, 0, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Comm::init_rank(id, 2, -1).status().code(), StatusCode::kInvalidArgument);
+  auto bad = Comm::init_rank(id, 2, 0);  // all-zero id: not a Loom id
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("unique id"), std::string::npos);
+}
+
+TEST(InitErrors, DifferentNranksAcrossRanks) {
+  Config cfg;
+  cfg.timeout_s = 10;
+  auto id = get_unique_id();
+  ASSERT_TRUE(id.is_ok());
+  Result<std::unique_ptr<Comm>> a = invalid_usage("x"), b = invalid_usage("x");
+  std::thread t([&] { a = Comm::init_rank(*id, 2, 0, cfg); });
+  b = Comm::init_rank(*id, 3, 1, cfg);
+  t.join();
+  ASSERT_FALSE(a.is_ok());
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("nranks=3"), std::string::npos) << b.status().to_string();
+  EXPECT_NE(a.status().message().find("nranks=2"), std::string::npos) << a.status().to_string();
+}
+
+TEST(InitErrors, UnreachableRootTimesOut) {
+  // A unique id whose root is a closed loopback port.
+  auto id = get_unique_id();
+  ASSERT_TRUE(id.is_ok());
+  UniqueId bad = *id;
+  bad.bytes[18] ^= 0x55;  // corrupt the port
+  bad.bytes[19] ^= 0x55;
+  Config cfg;
+  cfg.timeout_s = 1;
+  auto c = Comm::init_rank(bad, 2, 0, cfg);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("connect"), std::string::npos) << c.status().to_string();
+}
+
+TEST(Split, ColorsAndKeys) {
+  auto comms = Comm::init_all(4);
+  ASSERT_TRUE(comms.is_ok());
+  std::vector<std::unique_ptr<Comm>> sub(4);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 4; ++r)
+    ts.emplace_back([&, r] {
+      // Even/odd ranks, reversed order by key; rank 3 opts out.
+      auto s = (*comms)[r]->split(r == 3 ? -1 : r % 2, -r);
+      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      sub[r] = std::move(s).value();
+    });
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(sub[0] && sub[1] && sub[2]);
+  EXPECT_EQ(sub[3], nullptr);
+  EXPECT_EQ(sub[0]->size(), 2);
+  EXPECT_EQ(sub[0]->rank(), 1);  // key -0 > key -2
+  EXPECT_EQ(sub[2]->rank(), 0);
+  EXPECT_EQ(sub[1]->size(), 1);
+  // The even group works.
+  float a = 1, b = 2;
+  auto w0 = sub[0]->allreduce(&a, &a, 1, DataType::kFloat32, RedOp::kSum);
+  auto w2 = sub[2]->allreduce(&b, &b, 1, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w0.is_ok() && w2.is_ok());
+  EXPECT_TRUE(w0->wait().is_ok());
+  EXPECT_TRUE(w2->wait().is_ok());
+  EXPECT_EQ(a, 3);
+  EXPECT_EQ(b, 3);
+}
+
+TEST(Groups, SendRecvAnyOrderNoDeadlock) {
+  // Every rank posts its receives before its sends inside one group: without
+  // group semantics this ordering would deadlock.
+  const int n = 4;
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok());
+  std::vector<std::thread> ts;
+  std::vector<std::string> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(100000)), out(n, std::vector<int32_t>(100000));
+      for (int p = 0; p < n; ++p)
+        for (size_t i = 0; i < out[p].size(); ++i) out[p][i] = static_cast<int32_t>(r * 1000000 + p * 1000 + i % 1000);
+      c.group_start();
+      for (int p = 0; p < n; ++p) (void)c.recv(in[p].data(), in[p].size(), DataType::kInt32, p);
+      for (int p = n - 1; p >= 0; --p) (void)c.send(out[p].data(), out[p].size(), DataType::kInt32, p);
+      auto w = c.group_end();
+      Status st = w.is_ok() ? w->wait() : w.status();
+      if (!st.is_ok()) {
+        err[r] = st.to_string();
+        return;
+      }
+      for (int p = 0; p < n; ++p)
+        for (size_t i = 0; i < in[p].size(); ++i)
+          if (in[p][i] != static_cast<int32_t>(p * 1000000 + r * 1000 + i % 1000)) {
+            err[r] = "wrong data from " + std::to_string(p);
+            return;
+          }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+}  // namespace
+}  // namespace loom

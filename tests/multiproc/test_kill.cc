@@ -1,0 +1,57 @@
+// A rank killed with SIGKILL in the middle of an allreduce: every surviving
+// rank's operation fails with an error naming the dead rank, well within the
+// deadline, and /dev/shm holds no Loom segment afterwards.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "common/test_util.h"
+
+namespace loom {
+namespace {
+
+TEST(Kill, SurvivorsNameTheDeadRank) {
+  const int n = 4, victim = 2;
+  auto id = get_unique_id();
+  ASSERT_TRUE(id.is_ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = testing::run_processes(n, [&](int r, int fd) {
+    Config cfg;
+    cfg.timeout_s = 60;  // a hang would take 60 s; detection must be far quicker
+    auto comm = Comm::init_rank(*id, n, r, cfg);
+    if (!comm.is_ok()) return 3;
+    std::vector<float> buf(4 << 20, 1.0f);
+    for (int it = 0;; ++it) {
+      if (r == victim && it == 5) raise(SIGKILL);  // dies while peers are inside allreduce #5
+      auto w = (*comm)->allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, RedOp::kSum);
+      Status st = w.is_ok() ? w->wait() : w.status();
+      if (!st.is_ok()) {
+        std::string m = st.to_string();
+        (void)!write(fd, m.data(), m.size());
+        return 2;
+      }
+      for (float& x : buf) x = 1.0f;
+    }
+  }, 120);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) {
+      EXPECT_TRUE(WIFSIGNALED(results[r].status) && WTERMSIG(results[r].status) == SIGKILL);
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(results[r].status) && WEXITSTATUS(results[r].status) == 2) << results[r].output;
+    // Either the victim is named directly, or a peer that already saw it die.
+    EXPECT_NE(results[r].output.find("rank " + std::to_string(victim)), std::string::npos)
+        << "rank " << r << ": " << results[r].output;
+    EXPECT_NE(results[r].output.find("allreduce"), std::string::npos) << results[r].output;
+  }
+  EXPECT_LT(secs, 30.0) << "failure took too long to detect";
+  EXPECT_TRUE(testing::loom_shm_segments().empty());
+}
+
+}  // namespace
+}  // namespace loom
