@@ -222,7 +222,7 @@ void CommImpl::fail(const Status& st) {
     std::lock_guard<std::mutex> lk(mu_);
     if (failed_.is_ok()) failed_ = st;
   }
-  if (transport_) transport_->announce_abort(fmt::format("{} rank {}: {}", name_, rank_, st.to_string()));
+  if (transport_) transport_->announce_abort(st.to_string());
 }
 
 void CommImpl::engine_main() {
