@@ -3,14 +3,29 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <mutex>
 
 #include "algorithms/algorithms.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "topology/discover.h"
 #include "transport/shm/shm_transport.h"
 
 namespace loom {
 namespace detail {
+namespace {
+
+// Topology discovery runs once per process (hwloc is not free); every
+// communicator's tuner starts from a copy.
+Result<topo::ImportResult> system_topology() {
+  static std::mutex mu;
+  static std::unique_ptr<Result<topo::ImportResult>> cached;
+  std::lock_guard<std::mutex> lk(mu);
+  if (!cached) cached = std::make_unique<Result<topo::ImportResult>>(topo::load_system_topology());
+  return *cached;
+}
+
+}  // namespace
 
 void WorkState::complete(Status st) {
   {
@@ -42,6 +57,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
           rank, peers[rank].hostname, i, peers[i].hostname));
   LOOM_ASSIGN_OR_RETURN(auto shm, ShmTransport::create(*c->boot_, local, params::shm_fifo_bytes(), deadline));
   c->transport_ = std::move(shm);
+  LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
+  auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks);
+  if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO / LOOM_TUNER_PLUGIN)");
+  c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
@@ -182,7 +201,22 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
                                 static_cast<int>(a.op), a.root, a.in_place);
   auto it = schedule_cache_.find(key);
   if (it != schedule_cache_.end()) return &it->second;
-  LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(a));
+  // Cache miss: ask the tuner among the algorithms that can serve this call.
+  std::vector<std::string> available;
+  for (const Algorithm* algo : algorithms_for(a.coll))
+    if (algo->supports(a).is_ok()) available.push_back(algo->name);
+  std::string chosen;
+  const size_t bytes = a.count * dtype_size(a.dt);
+  if (tuner_ && !available.empty()) {
+    auto sel = tuner_->select(a.coll, bytes, a.nranks, available);
+    if (sel.is_ok()) {
+      chosen = sel->algorithm;
+      LOOM_INFO(kLogTune, "{} rank {}: {} {} B -> {} ({}, predicted {:.1f} us{})", name_, rank_, collective_name(a.coll),
+                bytes, chosen, sel->source, sel->predicted_us,
+                sel->runner_up.empty() ? "" : fmt::format(", runner-up {} {:.1f} us", sel->runner_up, sel->runner_up_us));
+    }
+  }
+  LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(a, chosen));
   if (schedule_cache_.size() > 512) schedule_cache_.clear();
   auto [pos, _] = schedule_cache_.emplace(key, std::move(s));
   return &pos->second;

@@ -17,6 +17,7 @@
 #include "bootstrap/bootstrap.h"
 #include "core/executor.h"
 #include "loom/comm.h"
+#include "topology/tuner.h"
 #include "transport/transport.h"
 
 namespace loom {
@@ -78,6 +79,7 @@ class CommImpl {
   std::unique_ptr<Bootstrap> boot_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Executor> exec_;
+  std::unique_ptr<topo::Tuner> tuner_;  // algorithm choice: LOOM_ALGO > plugin > cost model
   std::atomic<bool> abort_{false};
   std::atomic<bool> destroyed_{false};
 

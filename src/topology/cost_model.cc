@@ -1,0 +1,328 @@
+#include "topology/cost_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+namespace loom::topo {
+namespace {
+
+constexpr std::array<const char*, kNumAlgoKinds> kNames = {
+    "ring", "chain", "tree", "binomial", "hypercube", "rabenseifner",
+    "bruck", "direct", "two_shot", "pairwise", "scatter_allgather", "p2p"};
+
+int ceil_log2(int p) {
+  int l = 0;
+  while ((1 << l) < p) ++l;
+  return l;
+}
+int floor_pow2(int p) {
+  int v = 1;
+  while (v * 2 <= p) v *= 2;
+  return v;
+}
+bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
+
+// Cost of the communicator shape with the channel-count bandwidth factor applied.
+struct Ctx {
+  const CommCost& c;
+  double n;  // bytes
+  int p;
+  double beta_scale;  // >= 1: fewer channels than needed to fill a link
+  LinkCost lvl(int k) const {
+    LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
+    l.beta_us_per_byte *= beta_scale;
+    return l;
+  }
+  LinkCost ring() const { return {c.ring.alpha_us, c.ring.beta_us_per_byte * beta_scale}; }
+  LinkCost all() const { return {c.all.alpha_us, c.all.beta_us_per_byte * beta_scale}; }
+  LinkCost tree_edge() const {
+    LinkCost w = lvl(0);
+    for (int k = 1; k < ceil_log2(p); ++k) {
+      LinkCost l = lvl(k);
+      w.alpha_us = std::max(w.alpha_us, l.alpha_us);
+      w.beta_us_per_byte = std::max(w.beta_us_per_byte, l.beta_us_per_byte);
+    }
+    return w;
+  }
+  double g() const { return c.gamma_us_per_byte; }
+  // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.
+  double direct_alpha() const { return c.all.alpha_us + std::max(0, p - 2) * c.overlap_us; }
+  double direct_beta() const { return all().beta_us_per_byte / std::max(c.direct_efficiency, 1e-3); }
+};
+
+struct Pipe {
+  double us;
+  size_t chunk;
+};
+
+// (d + k - 1)(alpha + (n/k) beta), minimised over the chunk count k.
+Pipe pipelined(int d, double n, LinkCost l, size_t min_chunk) {
+  double kmax = std::max(1.0, std::floor(n / static_cast<double>(std::max<size_t>(min_chunk, 1))));
+  double k = 1;
+  if (d > 1 && l.alpha_us > 0) k = std::sqrt((d - 1) * n * l.beta_us_per_byte / l.alpha_us);
+  k = std::clamp(std::round(k), 1.0, kmax);
+  double us = (d + k - 1) * (l.alpha_us + (n / k) * l.beta_us_per_byte);
+  return {us, static_cast<size_t>(std::ceil(n / k))};
+}
+
+// Non-power-of-two fold for recursive algorithms: the p - p2 extra ranks hand
+// their data to a partner first and get the result back at the end.
+double fold_cost(const Ctx& x, bool reduce, bool result_back) {
+  if (is_pow2(x.p)) return 0;
+  LinkCost a = x.all();
+  double t = a.alpha_us + x.n * a.beta_us_per_byte + (reduce ? x.n * x.g() : 0);
+  if (result_back) t += a.alpha_us + x.n * a.beta_us_per_byte;
+  return t;
+}
+
+}  // namespace
+
+const char* algo_name(AlgoKind a) {
+  int i = static_cast<int>(a);
+  return (i >= 0 && i < kNumAlgoKinds) ? kNames[static_cast<size_t>(i)] : "invalid";
+}
+
+std::optional<AlgoKind> parse_algo(std::string_view name, Collective coll) {
+  std::string l;
+  for (char ch : name) l += static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+  if (l == "recursive_doubling") l = "hypercube";
+  if (l == "double_binary_tree") l = "tree";
+  if (l == "one_shot") l = "direct";
+  if (l == "halving_doubling") l = "rabenseifner";
+  if (l == "ring" && (coll == Collective::kBroadcast || coll == Collective::kReduce)) l = "chain";
+  for (int i = 0; i < kNumAlgoKinds; ++i) {
+    if (l == kNames[static_cast<size_t>(i)]) return static_cast<AlgoKind>(i);
+  }
+  return std::nullopt;
+}
+
+std::vector<AlgoKind> algos_for(Collective coll) {
+  using A = AlgoKind;
+  switch (coll) {
+    case Collective::kAllReduce:
+      return {A::kRing, A::kTree, A::kBinomial, A::kHypercube, A::kRabenseifner, A::kDirect, A::kTwoShot};
+    case Collective::kReduceScatter: return {A::kRing, A::kRabenseifner, A::kDirect, A::kPairwise};
+    case Collective::kAllGather: return {A::kRing, A::kHypercube, A::kBruck, A::kDirect};
+    case Collective::kBroadcast: return {A::kChain, A::kTree, A::kBinomial, A::kScatterAllgather, A::kDirect};
+    case Collective::kReduce: return {A::kChain, A::kTree, A::kBinomial, A::kRabenseifner, A::kDirect};
+    case Collective::kAllToAll: return {A::kPairwise, A::kBruck, A::kDirect};
+    case Collective::kSendRecv: return {A::kP2p};
+  }
+  return {};
+}
+
+bool algo_supports(AlgoKind a, Collective coll) {
+  std::vector<AlgoKind> v = algos_for(coll);
+  return std::find(v.begin(), v.end(), a) != v.end();
+}
+
+std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int p, const CommCost& c) {
+  if (!algo_supports(a, coll) || p < 1) return std::nullopt;
+  Estimate e;
+  e.algo = a;
+  const double n = static_cast<double>(bytes);
+  if (p == 1) {
+    e.chunk_bytes = bytes;
+    return e;  // nothing to communicate
+  }
+  const bool pow2 = is_pow2(p);
+  const bool needs_pow2 = (a == AlgoKind::kHypercube && coll != Collective::kAllReduce) ||
+                          (a == AlgoKind::kRabenseifner && coll != Collective::kAllReduce);
+  if (needs_pow2 && !pow2) return std::nullopt;
+
+  // Channels: enough to fill the link, but not so many that each carries a
+  // sliver of a small message.
+  int need = static_cast<int>(std::ceil(1.0 / std::clamp(c.channel_fraction, 1e-3, 1.0)));
+  int by_size = static_cast<int>(bytes / std::max<size_t>(c.min_bytes_per_channel, 1));
+  e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
+  double fill = std::min(1.0, e.channels * c.channel_fraction);
+  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3)};
+
+  const int L = ceil_log2(p);
+  const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core
+  const double pp = p;
+  double t = 0;
+  size_t chunk = static_cast<size_t>(std::ceil(n / e.channels));
+  auto block_chunk = [&] { chunk = static_cast<size_t>(std::ceil(n / pp / e.channels)); };
+
+  switch (coll) {
+    case Collective::kAllReduce:
+      switch (a) {
+        case AlgoKind::kRing: {
+          LinkCost r = x.ring();
+          t = 2 * (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte) + (pp - 1) / pp * n * x.g();
+          block_chunk();
+          break;
+        }
+        case AlgoKind::kTree: {
+          // Reduce up then broadcast down, pipelined; with a double binary
+          // tree every rank injects about 2n in total (as a ring does).
+          LinkCost l = x.tree_edge();
+          l.beta_us_per_byte *= 2;
+          Pipe pi = pipelined(2 * L, n, l, c.min_chunk_bytes);
+          t = pi.us + n * x.g();
+          chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
+          break;
+        }
+        case AlgoKind::kBinomial:
+          for (int k = 0; k < L; ++k) t += 2 * (x.lvl(k).alpha_us + n * x.lvl(k).beta_us_per_byte) + n * x.g();
+          break;
+        case AlgoKind::kHypercube:
+          for (int k = 0; k < L2; ++k) t += x.lvl(k).alpha_us + n * x.lvl(k).beta_us_per_byte + n * x.g();
+          t += fold_cost(x, true, true);
+          break;
+        case AlgoKind::kRabenseifner:
+          // Halving near-first (distance 1 carries n/2), doubling mirrored.
+          for (int j = 1; j <= L2; ++j) {
+            LinkCost l = x.lvl(j - 1);
+            double m = n / std::ldexp(1.0, j);
+            t += 2 * (l.alpha_us + m * l.beta_us_per_byte) + m * x.g();
+          }
+          t += fold_cost(x, true, true);
+          chunk = static_cast<size_t>(std::ceil(n / 2 / e.channels));
+          break;
+        case AlgoKind::kDirect:
+          t = x.direct_alpha() + (pp - 1) * n * x.direct_beta() + (pp - 1) * n * x.g();
+          break;
+        case AlgoKind::kTwoShot:
+          t = 2 * x.direct_alpha() + 2 * (pp - 1) / pp * n * x.direct_beta() + (pp - 1) / pp * n * x.g();
+          block_chunk();
+          break;
+        default: return std::nullopt;
+      }
+      break;
+    case Collective::kReduceScatter:
+      switch (a) {
+        case AlgoKind::kRing: {
+          LinkCost r = x.ring();
+          t = (pp - 1) * (r.alpha_us + n / pp * (r.beta_us_per_byte + x.g()));
+          break;
+        }
+        case AlgoKind::kRabenseifner:
+          for (int j = 1; j <= L; ++j) {
+            LinkCost l = x.lvl(j - 1);
+            double m = n / std::ldexp(1.0, j);
+            t += l.alpha_us + m * (l.beta_us_per_byte + x.g());
+          }
+          break;
+        case AlgoKind::kDirect:
+          t = x.direct_alpha() + (pp - 1) / pp * n * (x.direct_beta() + x.g());
+          break;
+        case AlgoKind::kPairwise: {
+          LinkCost l = x.all();
+          t = (pp - 1) * (l.alpha_us + n / pp * (l.beta_us_per_byte + x.g()));
+          break;
+        }
+        default: return std::nullopt;
+      }
+      block_chunk();
+      break;
+    case Collective::kAllGather:
+      switch (a) {
+        case AlgoKind::kRing: {
+          LinkCost r = x.ring();
+          t = (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte);
+          break;
+        }
+        case AlgoKind::kHypercube:
+          // Far-first: the distance-1 partner receives the largest piece (n/2).
+          for (int j = 1; j <= L; ++j) {
+            LinkCost l = x.lvl(L - j);
+            t += l.alpha_us + n * std::ldexp(1.0, j - 1) / pp * l.beta_us_per_byte;
+          }
+          break;
+        case AlgoKind::kBruck:
+          for (int k = 0; k < L; ++k) {
+            LinkCost l = x.lvl(k);
+            double blocks = std::min(std::ldexp(1.0, k), pp - std::ldexp(1.0, k));
+            t += l.alpha_us + blocks * n / pp * l.beta_us_per_byte;
+          }
+          break;
+        case AlgoKind::kDirect:
+          t = x.direct_alpha() + (pp - 1) / pp * n * x.direct_beta();
+          break;
+        default: return std::nullopt;
+      }
+      block_chunk();
+      break;
+    case Collective::kBroadcast:
+    case Collective::kReduce: {
+      const bool red = coll == Collective::kReduce;
+      const double gam = red ? x.g() : 0;
+      switch (a) {
+        case AlgoKind::kChain: {
+          LinkCost r = x.ring();
+          r.beta_us_per_byte += gam;
+          Pipe pi = pipelined(p - 1, n, r, c.min_chunk_bytes);
+          t = pi.us;
+          chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
+          break;
+        }
+        case AlgoKind::kTree: {
+          LinkCost l = x.tree_edge();
+          l.beta_us_per_byte += gam;
+          Pipe pi = pipelined(L, n, l, c.min_chunk_bytes);
+          t = pi.us;
+          chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
+          break;
+        }
+        case AlgoKind::kBinomial:
+          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + n * (x.lvl(k).beta_us_per_byte + gam);
+          break;
+        case AlgoKind::kScatterAllgather: {
+          if (red) return std::nullopt;
+          for (int j = 1; j <= L; ++j) {
+            LinkCost l = x.lvl(L - j);
+            t += l.alpha_us + n / std::ldexp(1.0, j) * l.beta_us_per_byte;
+          }
+          LinkCost r = x.ring();
+          t += (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte);
+          block_chunk();
+          break;
+        }
+        case AlgoKind::kRabenseifner: {
+          if (!red) return std::nullopt;
+          // Reduce-scatter by halving, then gather the pieces to the root.
+          for (int j = 1; j <= L; ++j) {
+            LinkCost l = x.lvl(j - 1);
+            double m = n / std::ldexp(1.0, j);
+            t += 2 * (l.alpha_us + m * l.beta_us_per_byte) + m * x.g();
+          }
+          break;
+        }
+        case AlgoKind::kDirect:
+          t = x.direct_alpha() + (pp - 1) * n * (x.direct_beta() + gam);
+          break;
+        default: return std::nullopt;
+      }
+      break;
+    }
+    case Collective::kAllToAll:
+      switch (a) {
+        case AlgoKind::kPairwise: {
+          LinkCost l = x.all();
+          t = (pp - 1) * (l.alpha_us + n / pp * l.beta_us_per_byte);
+          break;
+        }
+        case AlgoKind::kBruck:
+          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + n / 2 * x.lvl(k).beta_us_per_byte;
+          break;
+        case AlgoKind::kDirect:
+          t = x.direct_alpha() + (pp - 1) / pp * n * x.direct_beta();
+          break;
+        default: return std::nullopt;
+      }
+      block_chunk();
+      break;
+    case Collective::kSendRecv:
+      t = x.all().alpha_us + n * x.all().beta_us_per_byte;
+      break;
+  }
+  e.us = t;
+  e.chunk_bytes = std::max<size_t>(chunk, 1);
+  return e;
+}
+
+}  // namespace loom::topo

@@ -1,0 +1,80 @@
+// Alpha-beta-gamma cost model of collective algorithms.
+//
+// Formulas follow Thakur, Rabenseifner & Gropp, "Optimization of Collective
+// Communication Operations in MPICH" (IJHPCA 2005): a message of m bytes
+// between two ranks costs alpha + m*beta, reducing m bytes costs m*gamma.
+// Unlike the paper's flat model, alpha/beta are per pair distance, taken from
+// the topology: ring neighbours (i, i+1), hypercube partners (i, i^2^k), and
+// the worst pair overall; so an algorithm whose large transfers cross the SMP
+// link or the network pays for it. Pipelined algorithms (tree, chain) choose
+// the chunk count k that minimises (d + k - 1)(alpha + (n/k) beta).
+//
+// Conventions for `bytes` (n), as nccl-tests reports sizes: allreduce,
+// broadcast, reduce, sendrecv: the buffer; all_gather: the total output;
+// reduce_scatter: the total input; all_to_all: the total send buffer of one rank.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "loom/types.h"
+
+namespace loom::topo {
+
+enum class AlgoKind {
+  kRing,              // ring reduce-scatter + all-gather; ring all-gather/reduce-scatter
+  kChain,             // pipelined chain (a ring cut at the root): broadcast, reduce
+  kTree,              // pipelined (double) binary tree
+  kBinomial,          // binomial tree, whole message per step
+  kHypercube,         // recursive doubling
+  kRabenseifner,      // recursive halving (+ doubling)
+  kBruck,             // Bruck's log-step algorithm
+  kDirect,            // one-shot: all peers at once
+  kTwoShot,           // direct reduce-scatter + direct all-gather
+  kPairwise,          // p-1 pairwise exchanges
+  kScatterAllgather,  // van de Geijn broadcast: binomial scatter + ring all-gather
+  kP2p,               // send/recv
+};
+inline constexpr int kNumAlgoKinds = 12;
+
+const char* algo_name(AlgoKind a);
+// Accepts the names above and aliases: recursive_doubling, double_binary_tree,
+// one_shot, halving_doubling; "ring" for broadcast/reduce means the chain.
+std::optional<AlgoKind> parse_algo(std::string_view name, Collective coll);
+bool algo_supports(AlgoKind a, Collective coll);
+// Every algorithm the model knows for a collective, in a stable order.
+std::vector<AlgoKind> algos_for(Collective coll);
+
+struct LinkCost {
+  double alpha_us = 0;          // per message
+  double beta_us_per_byte = 0;  // 1 / bandwidth
+};
+
+// Costs of one communicator shape (nranks), derived from the topology.
+struct CommCost {
+  LinkCost ring;                // worst over (i, i+1 mod p)
+  std::vector<LinkCost> level;  // level[k]: worst over (i, i xor 2^k)
+  LinkCost all;                 // worst over every pair
+  double gamma_us_per_byte = 0; // reduction
+  double overlap_us = 0.2;      // start-up of each extra concurrent message (direct algorithms)
+  double direct_efficiency = 0.8;  // bandwidth fraction left under p-1 -> 1 fan-in contention
+  double channel_fraction = 1.0;   // share of a link one channel can drive
+  int max_channels = 1;
+  size_t min_chunk_bytes = 4096;
+  size_t min_bytes_per_channel = 128 * 1024;
+};
+
+struct Estimate {
+  AlgoKind algo = AlgoKind::kRing;
+  double us = 0;
+  size_t chunk_bytes = 0;
+  int channels = 1;
+};
+
+// nullopt when the algorithm cannot run this collective or rank count
+// (e.g. hypercube all_gather needs a power of two).
+std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int nranks, const CommCost& c);
+
+}  // namespace loom::topo

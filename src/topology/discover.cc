@@ -1,0 +1,368 @@
+#include "topology/discover.h"
+
+#include <dirent.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "topology/topo_log.h"
+
+#ifdef LOOM_HAVE_HWLOC
+#include <hwloc.h>
+#endif
+
+namespace loom::topo {
+namespace {
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!in || !std::getline(in, s)) return "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool path_exists(const std::string& p) { return access(p.c_str(), F_OK) == 0; }
+
+std::vector<std::string> list_dir(const std::string& path) {
+  std::vector<std::string> out;
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string machine_arch() {
+  utsname u{};
+  if (uname(&u) != 0) return "";
+  return u.machine;
+}
+
+XmlElement net_element(const std::string& name, long speed_mbps, int dev, int port) {
+  XmlElement net;
+  net.name = "net";
+  net.set_attr("name", name);
+  net.set_attr("dev", std::to_string(dev));
+  if (speed_mbps > 0) net.set_attr("speed", std::to_string(speed_mbps));
+  net.set_attr("port", std::to_string(port));
+  return net;
+}
+
+// SEAM(CUDA/NVML): fill <gpu dev sm rank gdr> and its <nvlink target count
+// tclass> children for the GPU at `busid`. Without NVML the PCI element
+// alone marks the GPU; paths between such GPUs are PCI/SMP paths.
+[[maybe_unused]] void add_gpu_details(XmlElement& /*pci_gpu*/, const std::string& /*busid*/) {}
+
+#ifdef LOOM_HAVE_HWLOC
+
+using PciAttr = hwloc_obj_attr_u::hwloc_pcidev_attr_s;
+
+std::string busid_of(const PciAttr& p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", static_cast<unsigned>(p.domain), p.bus, p.dev, p.func);
+  return buf;
+}
+
+bool is_gpu_class(const PciAttr& p) {
+  return p.class_id == 0x0302 || (p.class_id == 0x0300 && p.vendor_id == 0x10de);
+}
+bool is_nic_class(const PciAttr& p) { return (p.class_id >> 8) == 0x02; }
+
+// A PCI tree node collected before it becomes XML.
+struct PciTmp {
+  AttrList attrs;
+  bool bridge = false;
+  std::vector<int> children;
+  std::vector<XmlElement> extra;  // <gpu>/<nic> children
+};
+
+class HwlocDiscovery {
+ public:
+  explicit HwlocDiscovery(const DiscoverOptions& o) : opt_(o) {}
+  ~HwlocDiscovery() {
+    if (topo_ != nullptr) hwloc_topology_destroy(topo_);
+  }
+
+  bool run(XmlElement& system, std::set<std::string>& nets_seen) {
+    if (hwloc_topology_init(&topo_) != 0) return false;
+    hwloc_topology_set_io_types_filter(topo_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_load(topo_) != 0) return false;
+    add_cpus(system);
+    if (system.children.empty()) return false;
+    add_pci(system, nets_seen);
+    return true;
+  }
+
+ private:
+  void add_cpus(XmlElement& system) {
+    std::string vendor, family, model;
+    if (hwloc_obj_t pkg = hwloc_get_obj_by_type(topo_, HWLOC_OBJ_PACKAGE, 0)) {
+      if (const char* v = hwloc_obj_get_info_by_name(pkg, "CPUVendor")) vendor = v;
+      if (const char* v = hwloc_obj_get_info_by_name(pkg, "CPUFamilyNumber")) family = v;
+      if (const char* v = hwloc_obj_get_info_by_name(pkg, "CPUModelNumber")) model = v;
+    }
+    int n = hwloc_get_nbobjs_by_type(topo_, HWLOC_OBJ_NUMANODE);
+    for (int i = 0; i < n; ++i) {
+      hwloc_obj_t numa = hwloc_get_obj_by_type(topo_, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(i));
+      XmlElement cpu;
+      cpu.name = "cpu";
+      cpu.set_attr("numaid", std::to_string(numa->os_index));
+      char buf[1024];
+      if (numa->cpuset != nullptr && hwloc_bitmap_snprintf(buf, sizeof buf, numa->cpuset) > 0) {
+        cpu.set_attr("affinity", buf);
+      }
+      cpu.set_attr("arch", machine_arch());
+      if (!vendor.empty()) cpu.set_attr("vendor", vendor);
+      if (!family.empty()) cpu.set_attr("familyid", family);
+      if (!model.empty()) cpu.set_attr("modelid", model);
+      numa_index_[numa->os_index] = static_cast<int>(system.children.size());
+      system.children.push_back(std::move(cpu));
+    }
+  }
+
+  int cpu_child_for(hwloc_obj_t dev) {
+    hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(topo_, dev);
+    if (anc != nullptr && anc->nodeset != nullptr) {
+      int first = hwloc_bitmap_first(anc->nodeset);
+      auto it = numa_index_.find(static_cast<unsigned>(first));
+      if (first >= 0 && it != numa_index_.end()) return it->second;
+    }
+    return 0;
+  }
+
+  void set_link_attrs(AttrList& attrs, const std::string& busid) {
+    std::string base = opt_.sysfs_root + "/bus/pci/devices/" + busid + "/";
+    std::string speed = read_line(base + "current_link_speed");
+    std::string width = read_line(base + "current_link_width");
+    if (!speed.empty() && !width.empty() && speed != "Unknown") {
+      // "16.0 GT/s PCIe" -> "16.0 GT/s", the form NCCL writes.
+      size_t cut = speed.find(" PCIe");
+      if (cut != std::string::npos) speed.resize(cut);
+      attrs.emplace_back("link_speed", speed);
+      attrs.emplace_back("link_width", width);
+    }
+  }
+
+  int tmp_for(hwloc_obj_t obj, bool bridge) {
+    auto it = tmp_index_.find(obj);
+    if (it != tmp_index_.end()) return it->second;
+    const PciAttr& p = bridge ? obj->attr->bridge.upstream.pci : obj->attr->pcidev;
+    PciTmp t;
+    t.bridge = bridge;
+    std::string busid = busid_of(p);
+    char cls[16];
+    std::snprintf(cls, sizeof cls, "0x%04x00", static_cast<unsigned>(p.class_id));
+    t.attrs = {{"busid", busid}, {"class", cls}};
+    char id[16];
+    std::snprintf(id, sizeof id, "0x%04x", static_cast<unsigned>(p.vendor_id));
+    t.attrs.emplace_back("vendor", id);
+    std::snprintf(id, sizeof id, "0x%04x", static_cast<unsigned>(p.device_id));
+    t.attrs.emplace_back("device", id);
+    set_link_attrs(t.attrs, busid);
+    tmps_.push_back(std::move(t));
+    int idx = static_cast<int>(tmps_.size() - 1);
+    tmp_index_[obj] = idx;
+    return idx;
+  }
+
+  void add_nic_details(PciTmp& t, hwloc_obj_t dev, std::set<std::string>& nets_seen) {
+    // Prefer verbs (OpenFabrics) names: that is what the IB transport opens.
+    std::vector<XmlElement> ib, eth;
+    for (hwloc_obj_t c = dev->io_first_child; c != nullptr; c = c->next_sibling) {
+      if (c->type != HWLOC_OBJ_OS_DEVICE || c->name == nullptr) continue;
+      std::string name = c->name;
+      if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) {
+        for (const std::string& port : list_dir(opt_.sysfs_root + "/class/infiniband/" + name + "/ports")) {
+          int p = std::atoi(port.c_str());
+          ib.push_back(net_element(name, ib_port_rate_mbps(opt_.sysfs_root, name, p), net_dev_++, p));
+        }
+      } else if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) {
+        nets_seen.insert(name);
+        long speed = std::atol(read_line(opt_.sysfs_root + "/class/net/" + name + "/speed").c_str());
+        eth.push_back(net_element(name, speed > 0 ? speed : 0, net_dev_++, 1));
+      }
+    }
+    XmlElement nic;
+    nic.name = "nic";
+    nic.children = ib.empty() ? std::move(eth) : std::move(ib);
+    if (!nic.children.empty()) t.extra.push_back(std::move(nic));
+  }
+
+  void add_pci(XmlElement& system, std::set<std::string>& nets_seen) {
+    std::map<int, std::vector<int>> roots;  // cpu child index -> top tmp nodes
+    for (hwloc_obj_t dev = hwloc_get_next_pcidev(topo_, nullptr); dev != nullptr;
+         dev = hwloc_get_next_pcidev(topo_, dev)) {
+      const PciAttr& p = dev->attr->pcidev;
+      bool gpu = is_gpu_class(p), nic = is_nic_class(p);
+      if (!gpu && !nic) continue;
+      int leaf = tmp_for(dev, false);
+      if (gpu) {
+        XmlElement pseudo;
+        add_gpu_details(pseudo, busid_of(p));
+        if (!pseudo.name.empty()) tmps_[leaf].extra.push_back(std::move(pseudo));
+      } else {
+        add_nic_details(tmps_[leaf], dev, nets_seen);
+      }
+      // Walk up through PCI-to-PCI bridges; host bridges end the chain.
+      int child = leaf;
+      hwloc_obj_t up = dev->parent;
+      while (up != nullptr && up->type == HWLOC_OBJ_BRIDGE && up->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI) {
+        bool existed = tmp_index_.count(up) != 0;
+        int b = tmp_for(up, true);
+        tmps_[b].children.push_back(child);
+        child = b;
+        if (existed) break;
+        up = up->parent;
+      }
+      if (child == leaf || up == nullptr || up->type != HWLOC_OBJ_BRIDGE ||
+          up->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_PCI) {
+        // `child` is a new top of a chain (or the device itself).
+        std::vector<int>& r = roots[cpu_child_for(dev)];
+        if (std::find(r.begin(), r.end(), child) == r.end()) r.push_back(child);
+      }
+    }
+    for (auto& [cpu, tops] : roots) {
+      for (int t : tops) system.children[static_cast<size_t>(cpu)].children.push_back(to_xml(t, false));
+    }
+  }
+
+  // Downstream ports of a switch (a bridge under a bridge with a single
+  // child) are folded into the switch, as NCCL's dumps show one <pci> per
+  // switch: a GPU and a NIC on one switch are then one hop apart (PIX).
+  XmlElement to_xml(int idx, bool parent_is_bridge) {
+    PciTmp& t = tmps_[idx];
+    if (t.bridge && parent_is_bridge && t.children.size() == 1) return to_xml(t.children[0], true);
+    XmlElement el;
+    el.name = "pci";
+    el.attrs = t.attrs;
+    for (int c : t.children) el.children.push_back(to_xml(c, t.bridge));
+    for (XmlElement& e : t.extra) el.children.push_back(std::move(e));
+    return el;
+  }
+
+  DiscoverOptions opt_;
+  hwloc_topology_t topo_ = nullptr;
+  std::map<unsigned, int> numa_index_;
+  std::map<hwloc_obj_t, int> tmp_index_;
+  std::vector<PciTmp> tmps_;
+  int net_dev_ = 0;
+};
+
+#endif  // LOOM_HAVE_HWLOC
+
+// Fallback without hwloc: NUMA nodes from sysfs (no PCI tree).
+void sysfs_cpus(const DiscoverOptions& opt, XmlElement& system) {
+  for (const std::string& n : list_dir(opt.sysfs_root + "/devices/system/node")) {
+    if (n.rfind("node", 0) != 0 || n.size() <= 4) continue;
+    XmlElement cpu;
+    cpu.name = "cpu";
+    cpu.set_attr("numaid", n.substr(4));
+    std::string cpus = read_line(opt.sysfs_root + "/devices/system/node/" + n + "/cpumap");
+    if (!cpus.empty()) cpu.set_attr("affinity", cpus);
+    cpu.set_attr("arch", machine_arch());
+    system.children.push_back(std::move(cpu));
+  }
+}
+
+const char* env_either(const char* loom_name, const char* nccl_name) {
+  const char* v = std::getenv(loom_name);
+  if (v != nullptr && *v != '\0') return v;
+  v = std::getenv(nccl_name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+}  // namespace
+
+std::vector<NetInterface> list_net_interfaces(const std::string& sysfs_root) {
+  std::vector<NetInterface> out;
+  for (const std::string& name : list_dir(sysfs_root + "/class/net")) {
+    std::string base = sysfs_root + "/class/net/" + name;
+    if (name == "lo" || read_line(base + "/operstate") != "up") continue;
+    NetInterface ni;
+    ni.name = name;
+    long s = std::atol(read_line(base + "/speed").c_str());
+    ni.speed_mbps = s > 0 ? s : 0;
+    ni.has_device = path_exists(base + "/device");
+    out.push_back(ni);
+  }
+  return out;
+}
+
+long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, int port) {
+  // "200 Gb/sec (4X HDR)" or "2.5 Gb/sec (1X SDR)".
+  std::string rate = read_line(sysfs_root + "/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/rate");
+  double gbps = std::atof(rate.c_str());
+  return gbps > 0 ? static_cast<long>(gbps * 1000.0) : 0;
+}
+
+XmlElement discover_host_xml(const DiscoverOptions& options) {
+  XmlElement system;
+  system.name = "system";
+  system.set_attr("version", "1");
+  std::set<std::string> nets_seen;
+  bool done = false;
+#ifdef LOOM_HAVE_HWLOC
+  if (options.use_hwloc) {
+    HwlocDiscovery h(options);
+    done = h.run(system, nets_seen);
+    if (!done) {
+      topo_warn("hwloc found no NUMA node; falling back to sysfs");
+      system.children.clear();
+      nets_seen.clear();
+    }
+  }
+#endif
+  if (!done) sysfs_cpus(options, system);
+  if (system.children.empty()) {
+    XmlElement cpu;
+    cpu.name = "cpu";
+    cpu.set_attr("numaid", "0");
+    cpu.set_attr("arch", machine_arch());
+    system.children.push_back(std::move(cpu));
+  }
+  // Interfaces that are up but were not found on the PCI tree (virtual NICs
+  // of containers and VMs, or every NIC without hwloc) still carry socket
+  // traffic; they hang directly under the first CPU.
+  int dev = 1000;  // distinct from PCI NIC device numbers
+  for (const NetInterface& ni : list_net_interfaces(options.sysfs_root)) {
+    if (nets_seen.count(ni.name) != 0) continue;
+    XmlElement nic;
+    nic.name = "nic";
+    nic.children.push_back(net_element(ni.name, ni.speed_mbps, dev++, 1));
+    system.children[0].children.push_back(std::move(nic));
+  }
+  return system;
+}
+
+Result<ImportResult> discover_topology(const DiscoverOptions& options) {
+  char host[256] = "unknown";
+  gethostname(host, sizeof host - 1);
+  return graph_from_xml(discover_host_xml(options), std::string("discovered on ") + host);
+}
+
+Result<ImportResult> load_system_topology() {
+  Result<ImportResult> r = [] () -> Result<ImportResult> {
+    if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
+    return discover_topology();
+  }();
+  if (!r.is_ok()) return r;
+  if (const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE")) {
+    Status st = dump_topology_file(r.value().graph, dump);
+    if (!st.is_ok()) topo_warn("topology dump failed: " + st.to_string());
+  }
+  return r;
+}
+
+}  // namespace loom::topo

@@ -1,0 +1,52 @@
+// Discovery of this host's topology.
+//
+// Produces NCCL-format XML (the same tree a topology file holds), so that a
+// discovered machine and a loaded file go through one importer and can be
+// dumped with LOOM_TOPO_DUMP_FILE. Sources:
+//   - hwloc (when built with it): NUMA nodes, CPU vendor/model, the PCI tree
+//     (bridges, GPUs = class 0x0302 or NVIDIA 0x0300, NICs = class 0x02xx) and
+//     the OS names of network / InfiniBand devices;
+//   - sysfs: PCIe link speed/width, Ethernet speed (/sys/class/net/X/speed),
+//     InfiniBand port rate (/sys/class/infiniband/X/ports/N/rate), and virtual
+//     interfaces that are up but not on a PCI bus (containers, VMs).
+//   - SEAM(CUDA/NVML): GPU details (CUDA index, SM, NVLink peers) are not
+//     discovered yet: no GPU on the development machine. add_gpu_details() in
+//     discover.cc is where NVML results become <gpu> / <nvlink> elements.
+// Discovery never fails: with nothing found it returns one <cpu numaid="0">.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/status.h"
+#include "topology/topo_xml.h"
+#include "topology/xml.h"
+
+namespace loom::topo {
+
+struct DiscoverOptions {
+  bool use_hwloc = true;              // false: sysfs only (also the build without hwloc)
+  std::string sysfs_root = "/sys";    // tests point this at a fake tree
+};
+
+struct NetInterface {
+  std::string name;
+  long speed_mbps = 0;  // 0 when the kernel does not know (virtio, veth)
+  bool has_device = false;  // backed by a bus device (PCI, virtio)
+};
+
+XmlElement discover_host_xml(const DiscoverOptions& options = {});
+Result<ImportResult> discover_topology(const DiscoverOptions& options = {});
+
+// Network interfaces under <sysfs_root>/class/net, without lo and without
+// interfaces that are down.
+std::vector<NetInterface> list_net_interfaces(const std::string& sysfs_root);
+// InfiniBand port rate in Mb/s from "<root>/class/infiniband/<dev>/ports/<p>/rate"; 0 if unknown.
+long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, int port);
+
+// The topology Loom uses: LOOM_TOPO_FILE (else NCCL_TOPO_FILE) when set, else
+// discovery; then written to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE)
+// when set. A file that cannot be read is an error, not a silent fallback.
+Result<ImportResult> load_system_topology();
+
+}  // namespace loom::topo

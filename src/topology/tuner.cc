@@ -1,0 +1,243 @@
+#include "topology/tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "topology/paths.h"
+#include "topology/topo_log.h"
+#include "topology/tuner_plugin.h"
+
+namespace loom::topo {
+namespace {
+
+constexpr double kGpuReduceGBps = 1000.0;  // HBM-bound elementwise reduction
+constexpr double kCpuReduceGBps = 8.0;     // one core, SIMD, from memory
+constexpr double kGpuChannelGBps = 25.0;   // what one GPU channel (a few SMs) drives
+constexpr double kCpuChannelGBps = kHostMemBw;
+constexpr double kUnknownNetGBps = 1.0;    // no NIC known: assume 10 GbE-class
+
+double beta_of(double bw_GBps) {
+  if (!(bw_GBps > 0) || std::isinf(bw_GBps)) bw_GBps = bw_GBps > 0 ? kHostMemBw : kUnknownNetGBps;
+  return 1.0 / (bw_GBps * 1e3);  // GB/s = 1e3 bytes/us
+}
+
+void worst(LinkCost& w, const LinkCost& l) {
+  w.alpha_us = std::max(w.alpha_us, l.alpha_us);
+  w.beta_us_per_byte = std::max(w.beta_us_per_byte, l.beta_us_per_byte);
+}
+
+}  // namespace
+
+double transport_base_latency_us(TransportKind k) {
+  switch (k) {
+    case TransportKind::kShm: return 1.0;
+    case TransportKind::kCudaIpc: return 1.5;
+    case TransportKind::kIb: return 3.0;
+    case TransportKind::kSocket: return 20.0;
+  }
+  return 10.0;
+}
+
+Tuner::Tuner(TopoGraph graph, TunerOptions options) : graph_(std::move(graph)), options_(options) {}
+Tuner::~Tuner() = default;
+
+Result<std::unique_ptr<Tuner>> Tuner::from_env(TopoGraph graph, int nranks, TunerOptions options) {
+  auto t = std::make_unique<Tuner>(std::move(graph), options);
+  if (const char* spec = std::getenv("LOOM_ALGO"); spec != nullptr && *spec != '\0') {
+    LOOM_ASSIGN_OR_RETURN(AlgoOverride ov, parse_algo_override(spec));
+    t->set_override(std::move(ov));
+  }
+  if (const char* cal = std::getenv("LOOM_TUNE_CALIBRATE"); cal != nullptr && std::strcmp(cal, "1") == 0) {
+    t->set_calibration_requested(true);
+  }
+  if (const char* path = std::getenv("LOOM_TUNER_PLUGIN"); path != nullptr && *path != '\0') {
+    RankTopology rt = map_ranks(t->graph_, nranks, options.ranks_per_host);
+    LOOM_RETURN_IF_ERROR(t->load_plugin(path, nranks, rt.nhosts));
+  }
+  return t;
+}
+
+void Tuner::set_override(AlgoOverride ov) { override_ = std::move(ov); }
+
+Status Tuner::load_plugin(const std::string& path, int nranks, int nhosts) {
+  LOOM_ASSIGN_OR_RETURN(plugin_, TunerPlugin::load(path, nranks, nhosts));
+  return Status::ok();
+}
+
+Status Tuner::calibrate(double alpha_us, double bw_GBps, double gamma_GBps) {
+  if (!(alpha_us > 0 && alpha_us < 1e7) || !(bw_GBps > 0 && bw_GBps < 1e5) || gamma_GBps < 0) {
+    return invalid_argument("tuner calibration: alpha " + std::to_string(alpha_us) + " us / bandwidth " +
+                            std::to_string(bw_GBps) + " GB/s out of range");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  cal_alpha_us_ = alpha_us;
+  cal_bw_ = bw_GBps;
+  if (gamma_GBps > 0) cal_gamma_ = gamma_GBps;
+  cache_.clear();
+  return Status::ok();
+}
+
+CommCost Tuner::derive_cost(int nranks) const {
+  CommCost c;
+  RankTopology rt = map_ranks(graph_, nranks, options_.ranks_per_host);
+  const int p = rt.nranks;
+  auto pair = [&](int a, int b) {
+    const Path& path = rt.paths[static_cast<size_t>(a)][static_cast<size_t>(b)];
+    TransportChoice t = choose_transport(graph_, rt, a, b, options_.transport);
+    return LinkCost{transport_base_latency_us(t.kind) + path.latency_us, beta_of(path.bw)};
+  };
+  for (int i = 0; i < p && p > 1; ++i) worst(c.ring, pair(i, (i + 1) % p));
+  for (int k = 0; (1 << k) < p; ++k) {
+    LinkCost w;
+    for (int i = 0; i < p; ++i) {
+      int j = i ^ (1 << k);
+      if (j < p) worst(w, pair(i, j));
+    }
+    c.level.push_back(w);
+  }
+  for (int i = 0; i < p; ++i) {
+    for (int j = 0; j < p; ++j) {
+      if (i != j) worst(c.all, pair(i, j));
+    }
+  }
+  const bool gpu = !rt.ranks.empty() && rt.ranks[0].device >= 0;
+  c.gamma_us_per_byte = 1.0 / ((gpu ? kGpuReduceGBps : kCpuReduceGBps) * 1e3);
+  double ring_bw = c.ring.beta_us_per_byte > 0 ? 1.0 / (c.ring.beta_us_per_byte * 1e3) : kHostMemBw;
+  c.channel_fraction = std::min(1.0, (gpu ? kGpuChannelGBps : kCpuChannelGBps) / ring_bw);
+  c.max_channels = gpu ? 32 : 4;
+  // Many messages through one NIC overlap less than through memory.
+  c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.2;
+
+  if (cal_alpha_us_ && c.ring.alpha_us > 0) {
+    double sa = *cal_alpha_us_ / c.ring.alpha_us;
+    double sb = beta_of(*cal_bw_) / c.ring.beta_us_per_byte;
+    auto scale = [&](LinkCost& l) {
+      l.alpha_us *= sa;
+      l.beta_us_per_byte *= sb;
+    };
+    scale(c.ring);
+    scale(c.all);
+    for (LinkCost& l : c.level) scale(l);
+  }
+  if (cal_gamma_) c.gamma_us_per_byte = 1.0 / (*cal_gamma_ * 1e3);
+  return c;
+}
+
+CommCost Tuner::cost(int nranks) {
+  nranks = std::max(nranks, 1);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(nranks);
+  if (it != cache_.end()) return it->second;
+  CommCost c = derive_cost(nranks);
+  cache_.emplace(nranks, c);
+  return c;
+}
+
+std::vector<Estimate> Tuner::estimate_all(Collective coll, size_t bytes, int nranks) {
+  CommCost c = cost(nranks);
+  std::vector<Estimate> out;
+  for (AlgoKind a : algos_for(coll)) {
+    if (auto e = estimate(a, coll, bytes, nranks, c)) out.push_back(*e);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Estimate& a, const Estimate& b) { return a.us < b.us; });
+  return out;
+}
+
+Result<Selection> Tuner::select(Collective coll, size_t bytes, int nranks, const std::vector<std::string>& available) {
+  std::vector<std::string> names = available;
+  if (names.empty()) {
+    for (AlgoKind a : algos_for(coll)) names.emplace_back(algo_name(a));
+  }
+  if (names.empty()) {
+    return not_supported(std::string("no algorithm available for ") + collective_name(coll));
+  }
+  CommCost c = cost(nranks);
+  struct Cand {
+    std::string name;
+    std::optional<AlgoKind> kind;
+    std::optional<Estimate> est;
+  };
+  std::vector<Cand> cands;
+  for (const std::string& n : names) {
+    Cand cd{n, parse_algo(n, coll), std::nullopt};
+    if (cd.kind) cd.est = estimate(*cd.kind, coll, bytes, nranks, c);
+    cands.push_back(std::move(cd));
+  }
+  // Model order: estimated candidates fastest first, the rest after, in the caller's order.
+  std::vector<size_t> order(cands.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    double ta = cands[a].est ? cands[a].est->us : std::numeric_limits<double>::infinity();
+    double tb = cands[b].est ? cands[b].est->us : std::numeric_limits<double>::infinity();
+    return ta < tb;
+  });
+
+  size_t chosen = order[0];
+  std::string source = cands[chosen].est ? "model" : "first available";
+  size_t chunk_override = 0;
+  int channel_override = 0;
+  bool forced = false;
+  if (auto forced_algo = override_.lookup(coll, bytes)) {
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (cands[i].kind == forced_algo) {
+        chosen = i;
+        source = "LOOM_ALGO";
+        forced = true;
+        break;
+      }
+    }
+    if (!forced) {
+      topo_warn(std::string("LOOM_ALGO asks for ") + algo_name(*forced_algo) + " for " + collective_name(coll) +
+                " of " + std::to_string(bytes) + " bytes, but it is not available here; using the model's choice");
+    }
+  }
+  if (!forced && plugin_ != nullptr) {
+    std::vector<const char*> cnames;
+    std::vector<double> pred;
+    for (const Cand& cd : cands) {
+      cnames.push_back(cd.name.c_str());
+      pred.push_back(cd.est ? cd.est->us : -1.0);
+    }
+    RankTopology rt = map_ranks(graph_, nranks, options_.ranks_per_host);
+    loom_tuner_request_v1_t req{static_cast<int>(coll), bytes, nranks, rt.nhosts, static_cast<int>(cands.size()),
+                                cnames.data(), pred.data()};
+    auto choice = plugin_->choose(req);
+    if (!choice.is_ok()) {
+      topo_warn(choice.status().to_string() + "; keeping the model's choice");
+    } else {
+      if (choice->candidate >= 0) {
+        chosen = static_cast<size_t>(choice->candidate);
+        source = "plugin " + plugin_->name();
+      }
+      chunk_override = choice->chunk_bytes;
+      channel_override = choice->channels;
+      if ((chunk_override != 0 || channel_override != 0) && choice->candidate < 0) source = "model+plugin " + plugin_->name();
+    }
+  }
+
+  Selection s;
+  const Cand& win = cands[chosen];
+  s.algorithm = win.name;
+  s.source = source;
+  if (win.est) {
+    s.predicted_us = win.est->us;
+    s.chunk_bytes = win.est->chunk_bytes;
+    s.channels = win.est->channels;
+  } else {
+    s.chunk_bytes = std::max<size_t>(bytes, 1);
+  }
+  if (chunk_override != 0) s.chunk_bytes = chunk_override;
+  if (channel_override != 0) s.channels = channel_override;
+  for (size_t i : order) {
+    if (i == chosen || !cands[i].est) continue;
+    s.runner_up = cands[i].name;
+    s.runner_up_us = cands[i].est->us;
+    break;
+  }
+  return s;
+}
+
+}  // namespace loom::topo

@@ -1,0 +1,98 @@
+// Algorithm selection: cost model + LOOM_ALGO + tuner plugin.
+//
+// The engine asks, per call, which algorithm to run:
+//   auto sel = tuner.select(Collective::kAllReduce, bytes, nranks, {"ring", "tree"});
+// and gets {algorithm, chunk_bytes, channels, predicted_us, runner_up, ...}.
+// Order of authority: LOOM_ALGO (when a rule covers the call and the forced
+// algorithm is available) > tuner plugin > cost model (cost_model.h).
+//
+// Model parameters come from the topology graph: ranks are mapped onto the
+// graph (paths.h), each rank pair gets alpha = base latency of its transport
+// + path latency and beta = 1 / path bandwidth; CommCost keeps the worst pair
+// per distance class. calibrate() replaces them with measured values
+// (LOOM_TUNE_CALIBRATE=1 asks the engine to measure and call it).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/status.h"
+#include "loom/types.h"
+#include "topology/algo_override.h"
+#include "topology/cost_model.h"
+#include "topology/graph.h"
+#include "topology/transport_select.h"
+
+namespace loom::topo {
+
+class TunerPlugin;
+
+struct Selection {
+  std::string algorithm;
+  size_t chunk_bytes = 0;
+  int channels = 1;
+  double predicted_us = -1;  // < 0: the model has no estimate for this algorithm
+  std::string runner_up;     // empty when there is no second candidate
+  double runner_up_us = -1;
+  std::string source;        // "model", "LOOM_ALGO", "plugin <name>", "first available"
+};
+
+struct TunerOptions {
+  int ranks_per_host = 0;  // 0: from the graph (see map_ranks)
+  TransportPolicy transport;
+};
+
+// Base latency of one message per transport (software + wire), in us.
+double transport_base_latency_us(TransportKind k);
+
+class Tuner {
+ public:
+  explicit Tuner(TopoGraph graph, TunerOptions options = {});
+  ~Tuner();
+  Tuner(const Tuner&) = delete;
+  Tuner& operator=(const Tuner&) = delete;
+
+  // A tuner configured from LOOM_ALGO, LOOM_TUNER_PLUGIN, LOOM_TUNE_CALIBRATE.
+  // A malformed LOOM_ALGO or an unloadable plugin is an error.
+  static Result<std::unique_ptr<Tuner>> from_env(TopoGraph graph, int nranks, TunerOptions options = {});
+
+  // `available`: algorithm names the engine can run for this call (empty =
+  // every algorithm the model knows). Fails only when nothing is available.
+  Result<Selection> select(Collective coll, size_t bytes, int nranks, const std::vector<std::string>& available);
+
+  // Model estimates of every known algorithm, fastest first.
+  std::vector<Estimate> estimate_all(Collective coll, size_t bytes, int nranks);
+  CommCost cost(int nranks);
+
+  void set_override(AlgoOverride ov);
+  const AlgoOverride& override_rules() const { return override_; }
+  Status load_plugin(const std::string& path, int nranks, int nhosts);
+  const TunerPlugin* plugin() const { return plugin_.get(); }
+
+  bool calibration_requested() const { return calibrate_requested_; }
+  void set_calibration_requested(bool v) { calibrate_requested_ = v; }
+  // Calibration hook: measured alpha (us) and bandwidth (GB/s) between ring
+  // neighbours, and optionally reduction throughput (GB/s, 0 = keep). Other
+  // distance classes are scaled by the same ratios.
+  Status calibrate(double alpha_us, double bw_GBps, double gamma_GBps = 0);
+
+  const TopoGraph& graph() const { return graph_; }
+
+ private:
+  CommCost derive_cost(int nranks) const;
+
+  TopoGraph graph_;
+  TunerOptions options_;
+  AlgoOverride override_;
+  std::unique_ptr<TunerPlugin> plugin_;
+  bool calibrate_requested_ = false;
+  std::optional<double> cal_alpha_us_, cal_bw_, cal_gamma_;
+  std::mutex mu_;
+  std::map<int, CommCost> cache_;
+};
+
+}  // namespace loom::topo

@@ -1,0 +1,320 @@
+// XML reader/writer and the NCCL-format importer: good files, round trips,
+// and hostile input (errors name the line; warnings skip nodes; no crash).
+#include <fstream>
+#include <sstream>
+
+#include "test_topology_util.h"
+#include "topology/discover.h"
+#include "topology/topo_xml.h"
+#include "topology/xml.h"
+
+namespace loom::topo {
+namespace {
+
+using testing::QuietTopo;
+using testing::shared_topology;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(TopologyXml, ParsesElementsAttributesAndLines) {
+  auto r = parse_xml("<?xml version=\"1.0\"?>\n<!-- c -->\n<a x=\"1\" y='&lt;&amp;&#65;'>\n  <b/>\n  text\n  <c z=\"2\"></c>\n</a>\n");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const XmlElement& a = r.value();
+  EXPECT_EQ(a.name, "a");
+  EXPECT_EQ(a.line, 3);
+  EXPECT_EQ(*a.attr("y"), "<&A");
+  ASSERT_EQ(a.children.size(), 2u);
+  EXPECT_EQ(a.children[0].line, 4);
+  EXPECT_EQ(a.children[1].line, 6);
+  EXPECT_EQ(*a.children[1].attr("z"), "2");
+}
+
+TEST(TopologyXml, WriterEscapesAndReparses) {
+  XmlElement e;
+  e.name = "system";
+  e.set_attr("v", "a\"b<c>&d");
+  XmlElement c;
+  c.name = "cpu";
+  e.children.push_back(c);
+  auto r = parse_xml(write_xml(e));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(*r.value().attr("v"), "a\"b<c>&d");
+  EXPECT_EQ(r.value().children.size(), 1u);
+}
+
+struct BadCase {
+  const char* name;
+  std::string text;
+  const char* expect;  // substring of the error
+};
+
+TEST(TopologyXml, SyntaxErrorsNameTheLine) {
+  std::string deep = "<system>\n";
+  for (int i = 0; i < 100; ++i) deep += "<pci>";
+  std::vector<BadCase> cases = {
+      {"empty", "", "no root element"},
+      {"mismatch", "<system>\n<cpu numaid=\"0\">\n</system>", "line 3: end tag </system> does not match <cpu> opened on line 2"},
+      {"unterminated attr", "<system>\n<cpu numaid=\"0/>\n</system>", "line 3: '<' inside an attribute value"},
+      {"unquoted", "<system a=1/>", "line 1: attribute value must be quoted"},
+      {"duplicate attr", "<system a=\"1\" a=\"2\"/>", "duplicate attribute 'a'"},
+      {"doctype", "<!DOCTYPE x [<!ENTITY a \"aaaa\">]>\n<system/>", "line 1: DOCTYPE"},
+      {"unknown entity", "<system a=\"&lol;\"/>", "unknown entity"},
+      {"non-ascii charref", "<system a=\"&#x10FFFF;\"/>", "only ASCII"},
+      {"huge charref", "<system a=\"&#99999999999;\"/>", "line 1"},
+      {"missing close", "<system>\n<cpu numaid=\"0\"/>\n", "missing </system>"},
+      {"two roots", "<system/><system/>", "content after the root element"},
+      {"deep", deep, "nested deeper than 32"},
+      {"garbage", std::string("\x01\x02\xff<<>>", 7), "line 1"},
+      {"comment", "<system>\n<!-- never closed", "line 2: unterminated comment"},
+  };
+  for (const BadCase& c : cases) {
+    auto r = parse_xml(c.text);
+    ASSERT_FALSE(r.is_ok()) << c.name;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.name << ": " << r.status().message();
+  }
+}
+
+TEST(TopologyXml, LimitsAreEnforced) {
+  XmlLimits lim;
+  lim.max_elements = 10;
+  std::string many = "<system>";
+  for (int i = 0; i < 20; ++i) many += "<cpu/>";
+  many += "</system>";
+  auto r = parse_xml(many, lim);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("more than 10 elements"), std::string::npos);
+  lim = XmlLimits{};
+  lim.max_bytes = 16;
+  EXPECT_FALSE(parse_xml("<system>                 </system>", lim).is_ok());
+}
+
+TEST(TopologyXml, TruncatedSharedFileIsAnError) {
+  std::string text = read_file(shared_topology("azure-ndv4.xml"));
+  ASSERT_GT(text.size(), 100u);
+  for (size_t cut : {text.size() / 3, text.size() / 2, text.size() - 3}) {
+    auto r = graph_from_xml_text(text.substr(0, cut), "truncated");
+    ASSERT_FALSE(r.is_ok()) << cut;
+    EXPECT_NE(r.status().message().find("line "), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(TopologyImport, WrongRootIsAnError) {
+  auto r = graph_from_xml_text("<topology/>", "t");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("line 1: root element is <topology>, expected <system>"), std::string::npos);
+}
+
+TEST(TopologyImport, SemanticProblemsWarnAndSkip) {
+  QuietTopo quiet;
+  const std::string text =
+      "<system version=\"1\">\n"                                                            // 1
+      "  <gadget/>\n"                                                                        // 2 unknown
+      "  <cpu numaid=\"0\" vendor=\"GenuineIntel\" familyid=\"6\" modelid=\"banana\">\n"   // 3 bad modelid
+      "    <pci class=\"0x030200\"/>\n"                                                     // 4 no busid
+      "    <pci busid=\"zz:00.0\" class=\"0x030200\"/>\n"                                  // 5 bad busid
+      "    <pci busid=\"0000:01:00.0\" class=\"0x030200\" link_width=\"99999999999999999999\" link_speed=\"16 GT/s\"/>\n"  // 6
+      "    <pci busid=\"0000:01:00.0\" class=\"0x030200\"/>\n"                             // 7 duplicate
+      "    <pci busid=\"0000:02:00.0\" class=\"0x030200\"><gpu sm=\"80\"><nvlink target=\"0000:01:00.0\" count=\"1000000000\"/></gpu></pci>\n"  // 8
+      "    <pci busid=\"0000:03:00.0\" class=\"0x020700\"><nic><net name=\"mlx5_0\" speed=\"1e300\" latency=\"-4\"/></nic></pci>\n"  // 9
+      "  </cpu>\n"
+      "  <cpu numaid=\"-5\"/>\n"   // 11
+      "  <cpu numaid=\"0\"/>\n"    // 12 duplicate
+      "  <cpu/>\n"                 // 13
+      "</system>\n";
+  auto r = graph_from_xml_text(text, "hostile.xml");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const auto& w = r.value().warnings;
+  auto has = [&](const std::string& s) {
+    for (const auto& x : w) {
+      if (x.find(s) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("hostile.xml: line 2: unknown element <gadget>"));
+  EXPECT_TRUE(has("line 3: <cpu> modelid 'banana' invalid"));
+  EXPECT_TRUE(has("line 4: <pci> without busid skipped"));
+  EXPECT_TRUE(has("line 5: <pci> busid 'zz:00.0' malformed"));
+  EXPECT_TRUE(has("line 6: <pci> link_width"));
+  EXPECT_TRUE(has("line 7: duplicate <pci busid=\"0000:01:00.0\">"));
+  EXPECT_TRUE(has("<nvlink> count missing or outside"));
+  EXPECT_TRUE(has("line 9: <net> speed '1e300'"));
+  EXPECT_TRUE(has("line 9: <net> latency '-4'"));
+  EXPECT_TRUE(has("line 11: <cpu> numaid '-5' invalid"));
+  EXPECT_TRUE(has("line 12: duplicate <cpu numaid=\"0\">"));
+  EXPECT_TRUE(has("line 13: <cpu> without numaid"));
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kCpu), 1);
+  EXPECT_EQ(g.count(NodeType::kGpu), 2);  // lines 6 and 8
+  EXPECT_EQ(g.count(NodeType::kNic), 1);
+  for (const TopoLink& l : g.links) EXPECT_NE(l.type, LinkType::kNvLink);
+  // The bad width fell back to the documented default, not to garbage.
+  for (const TopoLink& l : g.links) EXPECT_TRUE(l.bw > 0 && l.bw < 1000) << l.bw;
+}
+
+TEST(TopologyImport, NoUsableCpuStillGivesOneNode) {
+  QuietTopo quiet;
+  auto r = graph_from_xml_text("<system><cpu/><bogus/></system>", "t");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r.value().graph.nodes.size(), 1u);
+  EXPECT_EQ(r.value().graph.nodes[0].type, NodeType::kCpu);
+}
+
+void expect_round_trip(const TopoGraph& g) {
+  std::string xml = write_xml(graph_to_xml(g));
+  auto again = graph_from_xml_text(xml, g.source);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_TRUE(again.value().warnings.empty());
+  EXPECT_EQ(again.value().graph.describe(), g.describe()) << xml;
+  // And a second export is byte-identical to the first.
+  EXPECT_EQ(write_xml(graph_to_xml(again.value().graph)), xml);
+}
+
+TEST(TopologyImport, SharedFilesRoundTrip) {
+  for (const char* f : {"azure-ndv2.xml", "azure-ndv4.xml"}) {
+    auto r = load_topology_file(shared_topology(f));
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().warnings.empty()) << f;
+    expect_round_trip(r.value().graph);
+  }
+}
+
+// A DGX-like file with everything the format has: NVSwitch NVLinks, direct
+// NVLinks, a multi-port NIC and a NIC without PCI information.
+const char* kRichXml = R"(<system version="1">
+  <cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:10:00.0" class="0x060400" link_speed="32 GT/s" link_width="16">
+      <pci busid="0000:11:00.0" class="0x030200" link_speed="32 GT/s" link_width="16">
+        <gpu dev="1" sm="90" rank="1" gdr="1">
+          <nvlink target="0000:a0:00.0" count="18" tclass="0x068000"/>
+        </gpu>
+      </pci>
+      <pci busid="0000:12:00.0" class="0x020000" link_speed="32 GT/s" link_width="16">
+        <nic>
+          <net name="eth4" dev="0" speed="400000" port="1" latency="1.5"/>
+          <net name="eth5" dev="1" speed="100000" port="2"/>
+        </nic>
+      </pci>
+    </pci>
+    <pci busid="0000:21:00.0" class="0x030200" link_speed="32 GT/s" link_width="16">
+      <gpu dev="0" sm="90" rank="0" gdr="1">
+        <nvlink target="0000:a1:00.0" count="18" tclass="0x068000"/>
+        <nvlink target="0000:11:00.0" count="2" tclass="0x030200"/>
+      </gpu>
+    </pci>
+    <nic>
+      <net name="lo9" dev="2" speed="10000"/>
+    </nic>
+  </cpu>
+</system>
+)";
+
+TEST(TopologyImport, NvLinksNvSwitchAndNicsAreModelled) {
+  auto r = graph_from_xml_text(kRichXml, "rich");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty());
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kGpu), 2);
+  EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
+  EXPECT_EQ(g.count(NodeType::kNic), 3);
+  // dev attributes order the GPUs: GPU0 is 0000:21:00.0.
+  EXPECT_EQ(g.nodes[static_cast<size_t>(g.nodes_of(NodeType::kGpu)[0])].busid, "0000:21:00.0");
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    double lanes = l.count;
+    EXPECT_DOUBLE_EQ(l.bw, lanes * 25.0);
+  }
+  EXPECT_EQ(nvl, 3);  // two GPU-NVS links and one direct GPU-GPU link
+  std::vector<int> nics = g.nodes_of(NodeType::kNic);
+  EXPECT_EQ(g.nodes[static_cast<size_t>(nics[0])].name, "eth4");
+  EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(nics[0])].net_bw, 50.0);
+  EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(nics[0])].net_latency_us, 1.5);
+  EXPECT_TRUE(g.nodes[static_cast<size_t>(nics[2])].busid.empty());
+  expect_round_trip(g);
+}
+
+TEST(TopologyImport, DumpFileAndEnvironment) {
+  std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
+  setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
+  setenv("NCCL_TOPO_FILE", "/nonexistent/should/not/be/read.xml", 1);
+  setenv("NCCL_TOPO_DUMP_FILE", dump.c_str(), 1);
+  auto r = load_system_topology();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().graph.count(NodeType::kGpu), 8);
+  auto back = load_topology_file(dump);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back.value().graph.describe(), r.value().graph.describe());
+  // With LOOM_TOPO_FILE unset, NCCL_TOPO_FILE is used; a missing file is an error.
+  unsetenv("LOOM_TOPO_FILE");
+  auto bad = load_system_topology();
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("/nonexistent/should/not/be/read.xml"), std::string::npos);
+  unsetenv("NCCL_TOPO_FILE");
+  unsetenv("NCCL_TOPO_DUMP_FILE");
+}
+
+TEST(TopologyDiscover, ThisMachineYieldsAUsableGraph) {
+  auto r = discover_topology();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_GE(g.count(NodeType::kCpu), 1);
+  expect_round_trip(g);
+  DiscoverOptions no_hwloc;
+  no_hwloc.use_hwloc = false;
+  auto s = discover_topology(no_hwloc);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_GE(s.value().graph.count(NodeType::kCpu), 1);
+}
+
+TEST(TopologyDiscover, EmptySysfsStillGivesOneCpu) {
+  DiscoverOptions o;
+  o.use_hwloc = false;
+  o.sysfs_root = ::testing::TempDir() + "/loom_empty_sysfs_does_not_exist";
+  auto r = discover_topology(o);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r.value().graph.nodes.size(), 1u);
+}
+
+TEST(TopologyDiscover, SysfsNetworkSpeeds) {
+  std::string root = ::testing::TempDir() + "/loom_fake_sysfs";
+  auto put = [&](const std::string& rel, const std::string& content) {
+    std::string path = root + "/" + rel;
+    std::string dir = path.substr(0, path.rfind('/'));
+    ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+    std::ofstream(path) << content << "\n";
+  };
+  put("class/net/lo/operstate", "unknown");
+  put("class/net/eth7/operstate", "up");
+  put("class/net/eth7/speed", "25000");
+  put("class/net/eth8/operstate", "down");
+  put("class/net/veth1/operstate", "up");
+  put("class/net/veth1/speed", "-1");
+  put("class/infiniband/mlx5_3/ports/1/rate", "200 Gb/sec (4X HDR)");
+  auto nets = list_net_interfaces(root);
+  ASSERT_EQ(nets.size(), 2u);
+  EXPECT_EQ(nets[0].name, "eth7");
+  EXPECT_EQ(nets[0].speed_mbps, 25000);
+  EXPECT_EQ(nets[1].name, "veth1");
+  EXPECT_EQ(nets[1].speed_mbps, 0);
+  EXPECT_EQ(ib_port_rate_mbps(root, "mlx5_3", 1), 200000);
+  EXPECT_EQ(ib_port_rate_mbps(root, "mlx5_3", 2), 0);
+  // Without hwloc these become NICs under the first CPU, with their speed.
+  DiscoverOptions o;
+  o.use_hwloc = false;
+  o.sysfs_root = root;
+  auto r = discover_topology(o);
+  ASSERT_TRUE(r.is_ok());
+  const TopoGraph& g = r.value().graph;
+  ASSERT_EQ(g.count(NodeType::kNic), 2);
+  EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(g.nodes_of(NodeType::kNic)[0])].net_bw, 25000.0 / 8000.0);
+}
+
+}  // namespace
+}  // namespace loom::topo

@@ -1,0 +1,184 @@
+// Cost-model formulas (Thakur/Rabenseifner/Gropp) and size-dependent selection.
+#include <cmath>
+
+#include "test_topology_util.h"
+#include "topology/cost_model.h"
+#include "topology/topo_xml.h"
+#include "topology/tuner.h"
+
+namespace loom::topo {
+namespace {
+
+// Uniform machine: alpha = 2 us, 1 GB/s (1e-3 us/byte), gamma 0.5e-3 us/byte.
+CommCost uniform(int p, double alpha = 2.0, double beta = 1e-3, double gamma = 0.5e-3) {
+  CommCost c;
+  c.ring = {alpha, beta};
+  c.all = {alpha, beta};
+  for (int k = 0; (1 << k) < p; ++k) c.level.push_back({alpha, beta});
+  c.gamma_us_per_byte = gamma;
+  c.overlap_us = 0.1;
+  c.direct_efficiency = 0.5;
+  return c;
+}
+
+double est(AlgoKind a, Collective coll, size_t n, int p, const CommCost& c) {
+  auto e = estimate(a, coll, n, p, c);
+  EXPECT_TRUE(e.has_value()) << algo_name(a) << " " << collective_name(coll);
+  return e ? e->us : -1;
+}
+
+TEST(TunerModel, ClosedFormsOnAUniformMachine) {
+  const int p = 8;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20;
+  CommCost c = uniform(p);
+  const size_t N = 1 << 20;
+  // Ring allreduce: 2(p-1)a + 2(p-1)/p n b + (p-1)/p n g.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, N, p, c),
+              2 * (p - 1) * a + 2.0 * (p - 1) / p * n * b + 1.0 * (p - 1) / p * n * g, 1e-6);
+  // Recursive doubling allreduce: lg p (a + n b + n g).
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, N, p, c), 3 * (a + n * b + n * g), 1e-6);
+  // Rabenseifner: 2 lg p a + 2(p-1)/p n b + (p-1)/p n g.
+  EXPECT_NEAR(est(AlgoKind::kRabenseifner, Collective::kAllReduce, N, p, c),
+              2 * 3 * a + 2.0 * (p - 1) / p * n * b + 1.0 * (p - 1) / p * n * g, 1e-6);
+  // Ring all-gather: (p-1) a + (p-1)/p n b; recursive doubling: lg p a + same bandwidth.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, N, p, c), (p - 1) * a + 7.0 / 8 * n * b, 1e-6);
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllGather, N, p, c), 3 * a + 7.0 / 8 * n * b, 1e-6);
+  // Binomial broadcast: lg p (a + n b).
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, N, p, c), 3 * (a + n * b), 1e-6);
+  // Bruck all-to-all: lg p (a + n/2 b); pairwise: (p-1)(a + n/p b).
+  EXPECT_NEAR(est(AlgoKind::kBruck, Collective::kAllToAll, N, p, c), 3 * (a + n / 2 * b), 1e-6);
+  EXPECT_NEAR(est(AlgoKind::kPairwise, Collective::kAllToAll, N, p, c), (p - 1) * (a + n / p * b), 1e-6);
+  // Van de Geijn broadcast: lg p a + (p-1)/p n b (scatter) + (p-1)(a + n/p b) (ring all-gather).
+  EXPECT_NEAR(est(AlgoKind::kScatterAllgather, Collective::kBroadcast, N, p, c),
+              3 * a + 7.0 / 8 * n * b + (p - 1) * (a + n / p * b), 1e-6);
+  // Pipelined chain with the best chunk count is never worse than one chunk
+  // and approaches n b for large n.
+  double chain = est(AlgoKind::kChain, Collective::kBroadcast, N, p, c);
+  EXPECT_LE(chain, (p - 1) * (a + n * b) + 1e-9);
+  EXPECT_GE(chain, n * b);
+}
+
+TEST(TunerModel, RankCountLimits) {
+  CommCost c = uniform(6);
+  EXPECT_FALSE(estimate(AlgoKind::kHypercube, Collective::kAllGather, 1024, 6, c).has_value());
+  EXPECT_FALSE(estimate(AlgoKind::kRabenseifner, Collective::kReduceScatter, 1024, 6, c).has_value());
+  // Allreduce variants fold the extra ranks in, at a price.
+  double h6 = est(AlgoKind::kHypercube, Collective::kAllReduce, 1024, 6, c);
+  double h4 = est(AlgoKind::kHypercube, Collective::kAllReduce, 1024, 4, uniform(4));
+  EXPECT_GT(h6, h4);
+  EXPECT_FALSE(estimate(AlgoKind::kPairwise, Collective::kBroadcast, 1024, 4, c).has_value());
+  auto one = estimate(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, 1, c);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->us, 0);
+}
+
+TEST(TunerModel, TimesGrowWithSize) {
+  CommCost c = uniform(8);
+  for (int ci = 0; ci < kNumCollectives; ++ci) {
+    Collective coll = static_cast<Collective>(ci);
+    for (AlgoKind a : algos_for(coll)) {
+      double prev = -1;
+      for (size_t n = 1; n <= (1u << 30); n *= 4) {
+        auto e = estimate(a, coll, n, 8, c);
+        ASSERT_TRUE(e.has_value());
+        EXPECT_GE(e->us, prev) << algo_name(a) << " " << collective_name(coll) << " " << n;
+        EXPECT_GE(e->channels, 1);
+        EXPECT_GE(e->chunk_bytes, 1u);
+        prev = e->us;
+      }
+    }
+  }
+}
+
+// A CPU-only host with one NUMA node: the model is uniform there.
+TopoGraph flat_host() {
+  auto r = graph_from_xml_text("<system><cpu numaid=\"0\" vendor=\"GenuineIntel\"/></system>", "flat");
+  EXPECT_TRUE(r.is_ok());
+  return r.value().graph;
+}
+
+TEST(TunerSelect, SmallMessagesLatencyOptimalLargeRing) {
+  Tuner t(flat_host());
+  const int p = 8;
+  const std::vector<std::string> avail = {"ring", "hypercube"};
+  CommCost c = t.cost(p);
+  // Closed-form crossover of recursive doubling vs ring (gamma included):
+  //   lg p (a + n(b+g)) = 2(p-1)a + (p-1)/p n (2b + g)
+  const double a = c.ring.alpha_us, b = c.ring.beta_us_per_byte, g = c.gamma_us_per_byte;
+  const double lg = 3;
+  const double cross = (2 * (p - 1) - lg) * a / (lg * (b + g) - (p - 1.0) / p * (2 * b + g));
+  ASSERT_GT(cross, 64);
+  auto small = t.select(Collective::kAllReduce, static_cast<size_t>(cross / 2), p, avail);
+  auto large = t.select(Collective::kAllReduce, static_cast<size_t>(cross * 2), p, avail);
+  ASSERT_TRUE(small.is_ok() && large.is_ok());
+  EXPECT_EQ(small->algorithm, "hypercube");
+  EXPECT_EQ(small->runner_up, "ring");
+  EXPECT_LT(small->predicted_us, small->runner_up_us);
+  EXPECT_EQ(large->algorithm, "ring");
+  EXPECT_EQ(large->runner_up, "hypercube");
+  EXPECT_EQ(large->source, "model");
+  // Over the full model on this host: tiny -> a log-latency or one-shot
+  // algorithm, 1 GiB -> one of the bandwidth-optimal ones.
+  auto tiny = t.select(Collective::kAllReduce, 8, p, {});
+  auto huge = t.select(Collective::kAllReduce, 1u << 30, p, {});
+  ASSERT_TRUE(tiny.is_ok() && huge.is_ok());
+  EXPECT_TRUE(tiny->algorithm == "direct" || tiny->algorithm == "hypercube" || tiny->algorithm == "two_shot")
+      << tiny->algorithm;
+  EXPECT_TRUE(huge->algorithm == "ring" || huge->algorithm == "rabenseifner") << huge->algorithm;
+  // Broadcast of a large message is pipelined (chunked), not one-shot.
+  auto bc = t.select(Collective::kBroadcast, 64u << 20, p, {"chain", "binomial"});
+  ASSERT_TRUE(bc.is_ok());
+  EXPECT_EQ(bc->algorithm, "chain");
+  EXPECT_LT(bc->chunk_bytes, 64u << 20);
+  auto bs = t.select(Collective::kBroadcast, 64, p, {"chain", "binomial"});
+  EXPECT_EQ(bs->algorithm, "binomial");
+}
+
+TEST(TunerSelect, UnknownNamesAndEmptyLists) {
+  Tuner t(flat_host());
+  auto s = t.select(Collective::kAllToAll, 4096, 4, {"mystery"});
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_EQ(s->algorithm, "mystery");  // the engine's own algorithm, no estimate
+  EXPECT_LT(s->predicted_us, 0);
+  EXPECT_EQ(s->source, "first available");
+  // The engine's names: "ring" for broadcast means the chain, "p2p" for sendrecv.
+  auto r = t.select(Collective::kBroadcast, 1 << 20, 4, {"ring"});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_GT(r->predicted_us, 0);
+  auto p2p = t.select(Collective::kSendRecv, 1 << 20, 4, {"p2p"});
+  ASSERT_TRUE(p2p.is_ok());
+  EXPECT_GT(p2p->predicted_us, 0);
+}
+
+TEST(TunerSelect, TopologyChangesTheCost) {
+  // On ndv4 the ring crosses the SMP links (16 GB/s), while hypercube level 0
+  // stays under one PCI switch (31.5 GB/s).
+  auto r = load_topology_file(testing::shared_topology("azure-ndv4.xml"));
+  ASSERT_TRUE(r.is_ok());
+  Tuner t(r.value().graph);
+  CommCost c = t.cost(8);
+  ASSERT_EQ(c.level.size(), 3u);
+  EXPECT_NEAR(1.0 / (c.level[0].beta_us_per_byte * 1e3), 31.5, 0.1);
+  EXPECT_NEAR(1.0 / (c.ring.beta_us_per_byte * 1e3), 16.0, 0.1);
+  // Two hosts: the network enters the worst-pair costs.
+  CommCost c16 = t.cost(16);
+  EXPECT_GT(c16.all.alpha_us, c.all.alpha_us);
+}
+
+TEST(TunerSelect, CalibrationReplacesParameters) {
+  Tuner t(flat_host());
+  EXPECT_FALSE(t.calibrate(-1, 10).is_ok());
+  EXPECT_FALSE(t.calibrate(1, 0).is_ok());
+  auto before = t.select(Collective::kAllReduce, 4096, 8, {"ring", "hypercube"});
+  ASSERT_TRUE(t.calibrate(50.0, 100.0, 0).is_ok());
+  CommCost c = t.cost(8);
+  EXPECT_DOUBLE_EQ(c.ring.alpha_us, 50.0);
+  EXPECT_NEAR(1.0 / (c.ring.beta_us_per_byte * 1e3), 100.0, 1e-9);
+  auto after = t.select(Collective::kAllReduce, 4096, 8, {"ring", "hypercube"});
+  ASSERT_TRUE(before.is_ok() && after.is_ok());
+  EXPECT_GT(after->predicted_us, before->predicted_us);  // latency-dominated size, alpha grew 50x
+  EXPECT_EQ(after->algorithm, "hypercube");
+}
+
+}  // namespace
+}  // namespace loom::topo

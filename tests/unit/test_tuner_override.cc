@@ -1,0 +1,124 @@
+// LOOM_ALGO grammar, and forcing through the tuner.
+#include "test_topology_util.h"
+#include "topology/algo_override.h"
+#include "topology/topo_xml.h"
+#include "topology/tuner.h"
+
+namespace loom::topo {
+namespace {
+
+TEST(AlgoOverride, ParsesTheDocumentedExample) {
+  auto r = parse_algo_override("allreduce:0-64K:hypercube,64K-:ring;broadcast:tree");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const AlgoOverride& ov = r.value();
+  ASSERT_EQ(ov.rules.size(), 3u);
+  EXPECT_EQ(ov.lookup(Collective::kAllReduce, 0), AlgoKind::kHypercube);
+  EXPECT_EQ(ov.lookup(Collective::kAllReduce, 65535), AlgoKind::kHypercube);
+  EXPECT_EQ(ov.lookup(Collective::kAllReduce, 65536), AlgoKind::kRing);  // half-open ranges
+  EXPECT_EQ(ov.lookup(Collective::kAllReduce, 1ull << 40), AlgoKind::kRing);
+  EXPECT_EQ(ov.lookup(Collective::kBroadcast, 123), AlgoKind::kTree);
+  EXPECT_FALSE(ov.lookup(Collective::kAllGather, 1).has_value());
+  EXPECT_EQ(ov.to_string(), "allreduce:0-64K:hypercube,64K-:ring;broadcast:0-:tree");
+  // The canonical form parses to the same rules.
+  auto again = parse_algo_override(ov.to_string());
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->to_string(), ov.to_string());
+}
+
+TEST(AlgoOverride, WhitespaceCaseAliasesAndUnits) {
+  auto r = parse_algo_override(" AllReduce : 1KiB - 2MB : Recursive_Doubling ; bcast:ring ; all_to_all:-1G:bruck;");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->lookup(Collective::kAllReduce, 1024), AlgoKind::kHypercube);
+  EXPECT_FALSE(r->lookup(Collective::kAllReduce, 1023).has_value());
+  EXPECT_FALSE(r->lookup(Collective::kAllReduce, 2u << 20).has_value());
+  EXPECT_EQ(r->lookup(Collective::kBroadcast, 5), AlgoKind::kChain);
+  EXPECT_EQ(r->lookup(Collective::kAllToAll, 0), AlgoKind::kBruck);
+  EXPECT_TRUE(parse_algo_override("").is_ok());
+  EXPECT_EQ(parse_size("64K").value(), 65536u);
+  EXPECT_EQ(parse_size("3G").value(), 3ull << 30);
+  EXPECT_EQ(parse_size("17").value(), 17u);
+  EXPECT_EQ(format_size(1u << 20), "1M");
+  EXPECT_EQ(format_size(1000), "1000");
+}
+
+TEST(AlgoOverride, PreciseErrors) {
+  struct Case {
+    const char* spec;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"allreduc:ring", "column 1: unknown collective 'allreduc'"},
+      {"allreduce:rng", "column 11: unknown algorithm 'rng'"},
+      {"allreduce:0-64K:ring;broadcast:pairwise", "column 32: algorithm 'pairwise' cannot run broadcast"},
+      {"allreduce:64K:ring", "column 11: range '64K' needs a '-'"},
+      {"allreduce:64K-1K:ring", "column 11: empty range '64K-1K'"},
+      {"allreduce:0-64Q:ring", "column 13: size '64Q' has an unknown unit"},
+      {"allreduce:x-1K:ring", "column 11: size 'x' does not start with a number"},
+      {"allreduce:0-99999999999999999999:ring", "overflows"},
+      {"allreduce:0-99999999999T:ring", "overflows"},
+      {"allreduce:0-64K:ring,32K-:tree", "column 22: range of '32K-:tree' overlaps"},
+      {"allreduce:ring;allreduce:tree", "overlaps an earlier rule for allreduce"},
+      {"allreduce:", "no algorithm after 'allreduce:'"},
+      {"allreduce:ring,", "column 16: empty item"},
+      {"allreduce:0-1K:", "column 16: missing algorithm name"},
+      {"ring", "column 1: expected 'collective:algorithm'"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_algo_override(c.spec);
+    ASSERT_FALSE(r.is_ok()) << c.spec;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.spec << " -> " << r.status().message();
+    EXPECT_EQ(r.status().message().rfind("LOOM_ALGO", 0), 0u);
+  }
+  EXPECT_FALSE(parse_algo_override(std::string(5000, 'a')).is_ok());
+}
+
+TopoGraph flat_host() {
+  auto r = graph_from_xml_text("<system><cpu numaid=\"0\"/></system>", "flat");
+  EXPECT_TRUE(r.is_ok());
+  return r.value().graph;
+}
+
+TEST(AlgoOverride, ForcingChangesTheSelection) {
+  Tuner t(flat_host());
+  const std::vector<std::string> avail = {"ring", "hypercube", "tree"};
+  auto model_small = t.select(Collective::kAllReduce, 256, 8, avail);
+  auto model_large = t.select(Collective::kAllReduce, 256u << 20, 8, avail);
+  ASSERT_TRUE(model_small.is_ok() && model_large.is_ok());
+  ASSERT_EQ(model_small->algorithm, "hypercube");
+  ASSERT_EQ(model_large->algorithm, "ring");
+  // The opposite of the model's choice, by size.
+  t.set_override(parse_algo_override("allreduce:0-64K:ring,64K-:hypercube").value());
+  auto small = t.select(Collective::kAllReduce, 256, 8, avail);
+  auto large = t.select(Collective::kAllReduce, 256u << 20, 8, avail);
+  EXPECT_EQ(small->algorithm, "ring");
+  EXPECT_EQ(small->source, "LOOM_ALGO");
+  EXPECT_EQ(small->runner_up, "hypercube");  // the model's best is still shown
+  EXPECT_EQ(large->algorithm, "hypercube");
+  EXPECT_GT(large->predicted_us, model_large->predicted_us);
+  // A forced algorithm the engine cannot run falls back to the model (with a warning).
+  testing::QuietTopo quiet;
+  t.set_override(parse_algo_override("allreduce:rabenseifner").value());
+  auto fb = t.select(Collective::kAllReduce, 256, 8, avail);
+  EXPECT_EQ(fb->algorithm, "hypercube");
+  EXPECT_EQ(fb->source, "model");
+}
+
+TEST(AlgoOverride, FromEnvironment) {
+  setenv("LOOM_ALGO", "broadcast:binomial", 1);
+  setenv("LOOM_TUNE_CALIBRATE", "1", 1);
+  auto t = Tuner::from_env(flat_host(), 4);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_TRUE(t.value()->calibration_requested());
+  auto s = t.value()->select(Collective::kBroadcast, 1u << 26, 4, {});
+  EXPECT_EQ(s->algorithm, "binomial");
+  setenv("LOOM_ALGO", "broadcast:binomal", 1);
+  auto bad = Tuner::from_env(flat_host(), 4);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("unknown algorithm 'binomal'"), std::string::npos);
+  unsetenv("LOOM_ALGO");
+  unsetenv("LOOM_TUNE_CALIBRATE");
+}
+
+}  // namespace
+}  // namespace loom::topo
