@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms/algorithms.h"
@@ -111,24 +112,22 @@ bool reduces(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
 }
 
+// The send/recv pointers of one call; in place follows NCCL's layout rules.
+std::pair<std::byte*, std::byte*> buffers_for(Collective c, std::byte* send, std::byte* recv, const Shape& s, size_t es,
+                                              int r, bool in_place) {
+  if (!in_place) return {send, recv};
+  if (c == Collective::kReduceScatter) return {recv, recv + r * s.count * es};
+  if (c == Collective::kAllGather) return {recv + r * s.count * es, recv};
+  return {recv, recv};
+}
+
 // Fills inputs, runs once, counts wrong elements on this rank.
 size_t verify_once(Comm& comm, Collective c, std::byte* send, std::byte* recv, const Shape& s, const Options& o,
                    bool in_place, Status* err) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = dtype_size(o.dt);
   const RedOp fop = reduces(c) ? o.op : RedOp::kSum;
-  std::byte* sp = send;
-  std::byte* rp = recv;
-  if (in_place) {
-    if (c == Collective::kReduceScatter) {
-      sp = recv;
-      rp = recv + r * s.count * es;
-    } else if (c == Collective::kAllGather) {
-      sp = recv + r * s.count * es;
-    } else {
-      sp = recv;
-    }
-  }
+  auto [sp, rp] = buffers_for(c, send, recv, s, es, r, in_place);
   verifiable::fill(sp, s.send_count, o.dt, fop, r);
   auto w = issue(comm, c, sp, rp, s.count, o);
   *err = w.is_ok() ? w->wait() : w.status();
@@ -163,18 +162,7 @@ double time_ops(Comm& comm, Collective c, std::byte* send, std::byte* recv, cons
                 bool in_place, int iters, Status* err) {
   const int r = comm.rank();
   const size_t es = dtype_size(o.dt);
-  std::byte* sp = send;
-  std::byte* rp = recv;
-  if (in_place) {
-    if (c == Collective::kReduceScatter) {
-      sp = recv;
-      rp = recv + r * s.count * es;
-    } else if (c == Collective::kAllGather) {
-      sp = recv + r * s.count * es;
-    } else {
-      sp = recv;
-    }
-  }
+  auto [sp, rp] = buffers_for(c, send, recv, s, es, r, in_place);
   auto t0 = std::chrono::steady_clock::now();
   Work last;
   for (int i = 0; i < iters; ++i) {
