@@ -19,6 +19,9 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_WORLD_SIZE", "int", "", "Number of ranks (env bootstrap)."},
       {"LOOM_ROOT_ADDR", "string", "", "host:port where rank 0 listens for the rendezvous (env bootstrap)."},
       {"LOOM_SHM_FIFO_BYTES", "bytes", "2M", "Size of each shared-memory FIFO between two ranks (one per direction)."},
+      {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "256K",
+       "Messages between ranks of one host of at least this size are read directly from the sender's memory "
+       "(process_vm_readv, one copy instead of two); 0 disables."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
@@ -96,6 +99,7 @@ uint64_t env_bytes(const char* name, uint64_t def) {
 namespace params {
 double timeout_s() { return env_double("LOOM_TIMEOUT", 300.0); }
 uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20); }
+uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 }  // namespace params

@@ -37,6 +37,7 @@ bool parse_bytes(const std::string& text, uint64_t* out);
 namespace params {
 double timeout_s();          // LOOM_TIMEOUT
 uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
+uint64_t shm_single_copy_bytes();  // LOOM_SHM_SINGLE_COPY_BYTES
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
 }  // namespace params

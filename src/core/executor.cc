@@ -102,6 +102,15 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
+        if (s.kind == StepKind::kRecv && mem_->host_accessible()) {
+          // Plain receive: let the transport land bytes directly (single copy).
+          while (a.done < a.total) {
+            size_t n = a.conn->recv_into(a.dst + a.done, a.total - a.done);
+            if (n == 0) break;
+            a.done += n;
+            moved = true;
+          }
+        }
         while (a.done < a.total) {
           size_t remaining = a.total - a.done;
           auto span = a.conn->recv_peek(remaining);

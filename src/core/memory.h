@@ -16,6 +16,9 @@ class MemoryBackend {
  public:
   virtual ~MemoryBackend() = default;
   virtual const char* name() const = 0;
+  // True when the CPU can read and write this backend's buffers directly, so
+  // transports may copy into them themselves (host memory; not device memory).
+  virtual bool host_accessible() const { return true; }
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // dst[i] = a[i] op b[i]; dst may alias a or b exactly.
   virtual void reduce(void* dst, const void* a, const void* b, size_t count, DataType dt, RedOp op) = 0;

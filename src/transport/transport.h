@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -29,6 +30,21 @@ class Connection {
   virtual std::span<const std::byte> recv_peek(size_t msg_remaining) = 0;
   // Releases the first n bytes returned by recv_peek.
   virtual void recv_consume(size_t n, size_t msg_remaining) = 0;
+  // Receives up to msg_remaining bytes of the current incoming message
+  // straight into dst and returns how many; 0 when nothing has arrived.
+  // Transports with a single-copy path (shm + CMA) override it; the default
+  // copies out of recv_peek.
+  virtual size_t recv_into(std::byte* dst, size_t msg_remaining) {
+    size_t done = 0;
+    while (done < msg_remaining) {
+      auto span = recv_peek(msg_remaining - done);
+      if (span.empty()) break;
+      std::memcpy(dst + done, span.data(), span.size());
+      recv_consume(span.size(), msg_remaining - done);
+      done += span.size();
+    }
+    return done;
+  }
 };
 
 class Transport {

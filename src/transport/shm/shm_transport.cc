@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/config.h"
 #include "core/log.h"
 
 namespace loom {
@@ -27,7 +29,24 @@ struct alignas(64) FifoCtl {
   char pad0[56];
   std::atomic<uint64_t> head;  // written by the receiver
   char pad1[56];
+  // Bytes of single-copy messages the receiver has read so far (monotonic,
+  // written by the receiver): the sender's source buffer is busy until then.
+  std::atomic<uint64_t> cma_ack;
+  char pad2[56];
 };
+
+// In the FIFO, a single-copy message is replaced by this descriptor: the
+// receiver reads the payload straight from the sender's memory with
+// process_vm_readv (Linux CMA), one copy instead of two.
+struct CmaDescriptor {
+  uint64_t magic;
+  uint64_t addr;
+  uint64_t len;
+  int64_t pid;
+};
+constexpr uint64_t kCmaMagic = 0x434d41444553431ull;
+constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
+constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
 static_assert(sizeof(FifoCtl) <= kFifoCtlBytes);
 
 size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
@@ -59,6 +78,10 @@ struct ShmTransport::Segment {
   alignas(64) std::atomic<uint32_t> waiters;
   alignas(64) std::atomic<uint32_t> aborted;
   char abort_reason[1024];
+  // Messages to this rank of at least this many bytes use the single-copy
+  // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted).
+  uint64_t cma_threshold;
+  uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
 
   FifoCtl* ctl(int from) {
     return reinterpret_cast<FifoCtl*>(reinterpret_cast<char*>(this) + kHeaderBytes + from * kFifoCtlBytes);
@@ -74,6 +97,26 @@ struct ShmTransport::Segment {
 static_assert(sizeof(ShmTransport::Segment) <= kHeaderBytes);
 
 namespace {
+
+// Reads len bytes at addr in process pid into dst; same process: memcpy.
+bool cma_read(int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
+  if (pid == getpid()) {
+    std::memcpy(dst, reinterpret_cast<const void*>(addr), len);
+    return true;
+  }
+  size_t done = 0;
+  while (done < len) {
+    iovec local{dst + done, len - done};
+    iovec remote{reinterpret_cast<void*>(addr + done), len - done};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      *err = n < 0 ? errno : EIO;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
 
 class ShmConnection final : public Connection {
  public:
@@ -91,17 +134,67 @@ class ShmConnection final : public Connection {
   }
 
   size_t send_some(const std::byte* src, size_t msg_remaining) override {
+    if (out_total_ == 0) {  // a new message starts
+      out_total_ = msg_remaining;
+      out_done_ = 0;
+      out_cma_ = msg_remaining >= peer_->cma_threshold;
+      out_desc_posted_ = false;
+    }
+    size_t n = out_cma_ ? send_cma(src, msg_remaining) : send_fifo(src, msg_remaining);
+    out_done_ += n;
+    if (out_done_ == out_total_) out_total_ = 0;
+    return n;
+  }
+
+  std::span<const std::byte> recv_peek(size_t msg_remaining) override {
+    begin_recv(msg_remaining);
+    if (!in_cma_) return peek_fifo(msg_remaining);
+    if (!read_descriptor()) return {};
+    if (!stage_) stage_ = std::make_unique<std::byte[]>(kCmaStageBytes);
+    size_t n = std::min(msg_remaining, kCmaStageBytes);
+    if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_)) return {};
+    return {stage_.get(), n};
+  }
+
+  void recv_consume(size_t n, size_t msg_remaining) override {
+    if (in_cma_) {
+      ack(n);
+    } else {
+      head_ += (n == msg_remaining) ? round8(n) : n;
+      in_ctl_->head.store(head_, std::memory_order_release);
+      peer_->ring();  // the sender may be waiting for space
+    }
+    finish_recv(n);
+  }
+
+  size_t recv_into(std::byte* dst, size_t msg_remaining) override {
+    begin_recv(msg_remaining);
+    if (!in_cma_) return Connection::recv_into(dst, msg_remaining);
+    if (!read_descriptor()) return 0;
+    size_t n = std::min(msg_remaining, kCmaReadChunk);
+    if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_)) return 0;
+    ack(n);
+    finish_recv(n);
+    return n;
+  }
+
+  // Non-zero errno of a failed single-copy read (reported by check_peer).
+  int cma_errno() const { return cma_errno_; }
+
+ private:
+  size_t send_fifo(const std::byte* src, size_t msg_remaining) {
     uint64_t head = out_ctl_->head.load(std::memory_order_acquire);
     size_t free = cap_ - static_cast<size_t>(tail_ - head);
     size_t pos = static_cast<size_t>(tail_ % cap_);
     size_t contig = std::min(free, cap_ - pos);
     size_t n, adv;
+    // Positions and free space are multiples of 8, so a whole padded message
+    // fits whenever its unpadded size does.
     if (round8(msg_remaining) <= contig) {
       n = msg_remaining;
       adv = round8(n);
     } else {
       n = adv = contig & ~size_t{7};
-      if (n >= msg_remaining) n = adv = 0;  // cannot happen; keep the invariant obvious
     }
     if (n == 0) return 0;
     std::memcpy(out_data_ + pos, src, n);
@@ -111,7 +204,46 @@ class ShmConnection final : public Connection {
     return n;
   }
 
-  std::span<const std::byte> recv_peek(size_t msg_remaining) override {
+  size_t send_cma(const std::byte* src, size_t msg_remaining) {
+    if (!out_desc_posted_) {
+      uint64_t head = out_ctl_->head.load(std::memory_order_acquire);
+      if (cap_ - static_cast<size_t>(tail_ - head) < sizeof(CmaDescriptor)) return 0;
+      CmaDescriptor d{kCmaMagic, reinterpret_cast<uint64_t>(src), msg_remaining, getpid()};
+      // Previous single-copy messages were fully acknowledged, so the counter
+      // now marks where this message's acknowledgements start.
+      out_ack_base_ = out_ctl_->cma_ack.load(std::memory_order_acquire);
+      write_wrapped(reinterpret_cast<const std::byte*>(&d), sizeof(d));
+      tail_ += sizeof(d);
+      out_ctl_->tail.store(tail_, std::memory_order_release);
+      out_desc_posted_ = true;
+      peer_->ring();
+      return 0;
+    }
+    uint64_t acked = out_ctl_->cma_ack.load(std::memory_order_acquire) - out_ack_base_;
+    return static_cast<size_t>(acked) - out_done_;
+  }
+
+  void write_wrapped(const std::byte* p, size_t n) {
+    size_t pos = static_cast<size_t>(tail_ % cap_);
+    size_t first = std::min(n, cap_ - pos);
+    std::memcpy(out_data_ + pos, p, first);
+    std::memcpy(out_data_, p + first, n - first);
+  }
+
+  void begin_recv(size_t msg_remaining) {
+    if (in_total_ != 0) return;
+    in_total_ = msg_remaining;
+    in_done_ = 0;
+    in_cma_ = msg_remaining >= self_->cma_threshold;
+    have_desc_ = false;
+  }
+
+  void finish_recv(size_t n) {
+    in_done_ += n;
+    if (in_done_ == in_total_) in_total_ = 0;
+  }
+
+  std::span<const std::byte> peek_fifo(size_t msg_remaining) {
     uint64_t tail = in_ctl_->tail.load(std::memory_order_acquire);
     size_t avail = static_cast<size_t>(tail - head_);
     if (avail == 0) return {};
@@ -120,13 +252,30 @@ class ShmConnection final : public Connection {
     return {in_data_ + pos, n};
   }
 
-  void recv_consume(size_t n, size_t msg_remaining) override {
-    head_ += (n == msg_remaining) ? round8(n) : n;
+  bool read_descriptor() {
+    if (have_desc_) return true;
+    uint64_t tail = in_ctl_->tail.load(std::memory_order_acquire);
+    if (tail - head_ < sizeof(CmaDescriptor)) return false;
+    size_t pos = static_cast<size_t>(head_ % cap_);
+    size_t first = std::min(sizeof(CmaDescriptor), cap_ - pos);
+    auto* d = reinterpret_cast<std::byte*>(&desc_);
+    std::memcpy(d, in_data_ + pos, first);
+    std::memcpy(d + first, in_data_, sizeof(CmaDescriptor) - first);
+    head_ += sizeof(CmaDescriptor);
     in_ctl_->head.store(head_, std::memory_order_release);
-    peer_->ring();  // the sender may be waiting for space
+    if (desc_.magic != kCmaMagic || desc_.len != in_total_) {
+      cma_errno_ = EPROTO;  // streams out of step: reported by check_peer
+      return false;
+    }
+    have_desc_ = true;
+    return true;
   }
 
- private:
+  void ack(size_t n) {
+    in_ctl_->cma_ack.store(in_ctl_->cma_ack.load(std::memory_order_relaxed) + n, std::memory_order_release);
+    peer_->ring();  // the sender waits for the acknowledgement
+  }
+
   ShmTransport::Segment* self_;
   ShmTransport::Segment* peer_;
   FifoCtl* out_ctl_;
@@ -136,6 +285,16 @@ class ShmConnection final : public Connection {
   size_t cap_;
   uint64_t tail_ = 0;  // our copy of out_ctl_->tail (we are its only writer)
   uint64_t head_ = 0;  // our copy of in_ctl_->head
+  // Outgoing message state.
+  size_t out_total_ = 0, out_done_ = 0;
+  bool out_cma_ = false, out_desc_posted_ = false;
+  uint64_t out_ack_base_ = 0;
+  // Incoming message state.
+  size_t in_total_ = 0, in_done_ = 0;
+  bool in_cma_ = false, have_desc_ = false;
+  CmaDescriptor desc_{};
+  std::unique_ptr<std::byte[]> stage_;
+  int cma_errno_ = 0;
 };
 
 std::string seg_name(uint64_t secret, int rank) {
@@ -185,9 +344,13 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->doorbell) std::atomic<uint32_t>(0);
   new (&self->waiters) std::atomic<uint32_t>(0);
   new (&self->aborted) std::atomic<uint32_t>(0);
+  const uint64_t single_copy = params::shm_single_copy_bytes();
+  self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
+  self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
   for (int i = 0; i < n; ++i) {
     new (&self->ctl(i)->tail) std::atomic<uint64_t>(0);
     new (&self->ctl(i)->head) std::atomic<uint64_t>(0);
+    new (&self->ctl(i)->cma_ack) std::atomic<uint64_t>(0);
   }
   std::atomic_thread_fence(std::memory_order_release);
   self->magic = kSegMagic;
@@ -207,6 +370,24 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     t->segs_[i] = static_cast<Segment*>(q);
     if (t->segs_[i]->magic != kSegMagic || t->segs_[i]->rank != i)
       return internal_error("peer segment of rank " + std::to_string(i) + " is not initialised");
+  }
+  // Single copy needs permission to read the peers' memory (same user, and no
+  // Yama/seccomp restriction): probe every local peer; if one fails, messages
+  // to this rank fall back to the FIFO path.
+  if (self->cma_threshold != UINT64_MAX) {
+    for (int i = 0; i < n; ++i) {
+      if (i == r || !t->segs_[i]) continue;
+      uint64_t word = 0;
+      int err = 0;
+      if (!cma_read(t->segs_[i]->pid, t->segs_[i]->cma_probe_addr, reinterpret_cast<std::byte*>(&word), sizeof(word),
+                    &err) ||
+          word != kCmaMagic) {
+        LOOM_INFO(kLogShm, "rank {}: single-copy reads from rank {} not possible ({}); using FIFO copies", r, i,
+                  err ? std::strerror(err) : "probe mismatch");
+        self->cma_threshold = UINT64_MAX;
+        break;
+      }
+    }
   }
   st = boot.barrier(deadline);
   shm_unlink(t->own_name_.c_str());
@@ -255,6 +436,8 @@ Status ShmTransport::check_peer(int peer) {
   if (!process_alive(s->pid))
     return remote_error("rank " + std::to_string(peer) + " (pid " + std::to_string(s->pid) + " on " +
                         peer_hosts_[peer] + ") died");
+  if (int e = static_cast<ShmConnection*>(conns_[peer].get())->cma_errno())
+    return remote_error("single-copy read from rank " + std::to_string(peer) + " failed: " + std::strerror(e));
   return Status::ok();
 }
 

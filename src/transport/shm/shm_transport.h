@@ -47,6 +47,7 @@ class ShmTransport final : public Transport {
   bool unlinked_ = false;
   std::vector<int> peer_pids_;
   std::vector<std::string> peer_hosts_;
+  uint64_t cma_probe_ = 0x434d41444553431ull;  // peers read it to test single-copy permission
 };
 
 }  // namespace loom
