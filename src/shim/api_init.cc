@@ -1,0 +1,316 @@
+// Communicator lifecycle: unique id, init (rank, config, all, scalable),
+// split, shrink, finalize, destroy, abort, revoke.
+#include <cstddef>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "shim/alias.h"
+#include "shim/shim.h"
+
+using namespace loom;
+using namespace loom::shim;
+
+namespace {
+
+constexpr unsigned kConfigMagic = 0xcafebeefu;
+
+struct ParsedConfig {
+  bool blocking = true;
+  std::string name;
+};
+
+// True when a caller's config (possibly from an older, shorter header) has
+// the field at [offset, offset+bytes).
+bool has_field(const ncclConfig_t* c, size_t offset, size_t bytes) { return offset + bytes <= c->size; }
+#define LOOM_CONFIG_HAS(cfg, field) \
+  has_field(cfg, offsetof(ncclConfig_t, field), sizeof(static_cast<ncclConfig_t*>(nullptr)->field))
+
+// `inherit` supplies the defaults (the parent's settings for split/shrink).
+Result<ParsedConfig> parse_config(const ncclConfig_t* cfg, const ParsedConfig& inherit) {
+  ParsedConfig out = inherit;
+  if (cfg == nullptr) return out;
+  if (cfg->magic != kConfigMagic)
+    return invalid_argument("ncclConfig_t not initialized with NCCL_CONFIG_INITIALIZER (bad magic)");
+  if (cfg->size < offsetof(ncclConfig_t, blocking))
+    return invalid_argument("ncclConfig_t.size " + std::to_string(cfg->size) + " is too small");
+  if (LOOM_CONFIG_HAS(cfg, blocking) && cfg->blocking != NCCL_CONFIG_UNDEF_INT) {
+    if (cfg->blocking != 0 && cfg->blocking != 1)
+      return invalid_argument("ncclConfig_t.blocking must be 0 or 1, got " +
+                              std::to_string(cfg->blocking));
+    out.blocking = cfg->blocking == 1;
+  }
+  if (LOOM_CONFIG_HAS(cfg, commName) && cfg->commName != nullptr) out.name = cfg->commName;
+  if (LOOM_CONFIG_HAS(cfg, CTAPolicy) && cfg->CTAPolicy != NCCL_CONFIG_UNDEF_INT &&
+      (cfg->CTAPolicy < 0 || cfg->CTAPolicy > NCCL_CTA_POLICY_ZERO))
+    return invalid_argument("ncclConfig_t.CTAPolicy " + std::to_string(cfg->CTAPolicy) +
+                            " is not a NCCL_CTA_POLICY_* value");
+  // The remaining fields tune GPU kernels, CollNet or NVLS; Loom's host path
+  // has nothing to apply them to.
+  return out;
+}
+
+ParsedConfig env_defaults() {
+  ParsedConfig p;
+  p.blocking = default_blocking();
+  return p;
+}
+
+loom::Config to_loom(const ParsedConfig& p) {
+  loom::Config c;
+  c.name = p.name;
+  return c;
+}
+
+// Creates the handle and runs `make` now (blocking, outside a group) or in
+// the background (non-blocking config or inside a group).
+Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
+              std::function<Result<std::unique_ptr<Comm>>()> make) {
+  auto c = std::make_unique<ncclComm>();
+  c->blocking = pc.blocking;
+  c->name = pc.name;
+  c->rank = rank;
+  c->nranks = nranks;
+  if (in_group()) {
+    group_add_creation(start_creation(c.get(), std::move(make)), pc.blocking);
+    *out = c.release();
+    return Status::ok();
+  }
+  if (!pc.blocking) {
+    start_creation(c.get(), std::move(make));
+    *out = c.release();
+    return Status(StatusCode::kInProgress, "communicator initializing");
+  }
+  *out = nullptr;
+  LOOM_ASSIGN_OR_RETURN(c->comm, make());
+  if (c->comm == nullptr) return internal_error("loom returned no communicator");
+  c->rank = c->comm->rank();
+  c->nranks = c->comm->size();
+  *out = c.release();
+  return Status::ok();
+}
+
+Status check_ranks(int nranks, int rank) {
+  if (nranks < 1) return invalid_argument("nranks " + std::to_string(nranks) + " must be >= 1");
+  if (rank < 0 || rank >= nranks)
+    return invalid_argument("rank " + std::to_string(rank) + " out of range [0, " +
+                            std::to_string(nranks) + ")");
+  return Status::ok();
+}
+
+UniqueId to_loom_id(const ncclUniqueId& id) {
+  static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "unique id sizes differ");
+  UniqueId out;
+  std::memcpy(out.bytes, id.internal, sizeof(out.bytes));
+  return out;
+}
+
+Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
+                        const ncclConfig_t* config) {
+  apply_nccl_env();
+  if (out == nullptr) return invalid_argument("comm (output pointer) is NULL");
+  LOOM_RETURN_IF_ERROR(check_ranks(nranks, rank));
+  LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, env_defaults()));
+  UniqueId lid = to_loom_id(id);
+  loom::Config lc = to_loom(pc);
+  return create(out, pc, nranks, rank,
+                [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); });
+}
+
+ParsedConfig settings_of(const ncclComm* c) {
+  ParsedConfig p;
+  p.blocking = c->blocking;
+  p.name = c->name;
+  return p;
+}
+
+Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
+                  const ncclConfig_t* config) {
+  if (newcomm == nullptr) return invalid_argument("newcomm is NULL");
+  *newcomm = nullptr;
+  LOOM_ASSIGN_OR_RETURN(ncclComm * p, ready_comm(parent));
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return invalid_argument("color " + std::to_string(color) +
+                            " must be >= 0 or NCCL_SPLIT_NOCOLOR");
+  LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, settings_of(p)));
+  auto make = [p, color, key] { return p->comm->split(color < 0 ? -1 : color, key); };
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    // This rank still takes part in the collective split but gets no comm.
+    if (in_group()) {
+      group_add_creation(start_creation(nullptr, make), true);
+      return Status::ok();
+    }
+    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Comm> none, make());
+    (void)none;
+    return Status::ok();
+  }
+  return create(newcomm, pc, -1, -1, make);
+}
+
+}  // namespace
+
+extern "C" ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) {
+  return guard("ncclGetUniqueId", nullptr, [&]() -> Status {
+    apply_nccl_env();
+    if (uniqueId == nullptr) return invalid_argument("uniqueId is NULL");
+    LOOM_ASSIGN_OR_RETURN(UniqueId id, get_unique_id());
+    std::memcpy(uniqueId->internal, id.bytes, sizeof(uniqueId->internal));
+    return Status::ok();
+  });
+}
+
+extern "C" ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                                int rank, ncclConfig_t* config) {
+  return guard("ncclCommInitRankConfig", nullptr,
+               [&] { return init_rank_config(comm, nranks, commId, rank, config); });
+}
+
+extern "C" ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                          int rank) {
+  return guard("ncclCommInitRank", nullptr,
+               [&] { return init_rank_config(comm, nranks, commId, rank, nullptr); });
+}
+
+extern "C" ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank,
+                                                  int nId, ncclUniqueId* commIds,
+                                                  ncclConfig_t* config) {
+  return guard("ncclCommInitRankScalable", nullptr, [&]() -> Status {
+    if (nId < 1 || commIds == nullptr)
+      return invalid_argument("need at least one unique id (nId=" + std::to_string(nId) + ")");
+    // Loom's rendezvous is a single root; the extra ids (for spreading NCCL's
+    // bootstrap) are accepted and unused.
+    return init_rank_config(newcomm, nranks, commIds[0], myrank, config);
+  });
+}
+
+extern "C" ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return guard("ncclCommInitAll", nullptr, [&]() -> Status {
+    apply_nccl_env();
+    if (comms == nullptr) return invalid_argument("comm array is NULL");
+    if (ndev < 1) return invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1");
+    if (devlist != nullptr) {
+      std::set<int> seen;
+      for (int i = 0; i < ndev; ++i)
+        if (devlist[i] < 0 || !seen.insert(devlist[i]).second)
+          return invalid_argument("devlist has a negative or repeated device " +
+                                  std::to_string(devlist[i]));
+    }
+    ParsedConfig pc = env_defaults();
+    pc.blocking = true;  // InitAll returns initialized communicators
+    LOOM_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Comm>> all,
+                          Comm::init_all(ndev, to_loom(pc)));
+    for (int i = 0; i < ndev; ++i) {
+      auto c = std::make_unique<ncclComm>();
+      c->comm = std::move(all[static_cast<size_t>(i)]);
+      c->rank = c->comm->rank();
+      c->nranks = c->comm->size();
+      c->cuda_dev = devlist != nullptr ? devlist[i] : i;
+      comms[i] = c.release();
+    }
+    return Status::ok();
+  });
+}
+
+extern "C" ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                       ncclConfig_t* config) {
+  return guard("ncclCommSplit", comm, [&] { return split_impl(comm, color, key, newcomm, config); });
+}
+
+extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
+                                        int excludeRanksCount, ncclComm_t* newcomm,
+                                        ncclConfig_t* config, int shrinkFlags) {
+  return guard("ncclCommShrink", comm, [&]() -> Status {
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    if (newcomm == nullptr) return invalid_argument("newcomm is NULL");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+      return invalid_argument("unknown shrinkFlags " + std::to_string(shrinkFlags));
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
+      return invalid_argument("bad exclude list");
+    for (int i = 0; i < excludeRanksCount; ++i)
+      if (excludeRanksList[i] < 0 || excludeRanksList[i] >= c->nranks)
+        return invalid_argument("excluded rank " + std::to_string(excludeRanksList[i]) +
+                                " out of range");
+    if (excludeRanksCount == 0 && shrinkFlags == NCCL_SHRINK_DEFAULT)
+      return split_impl(c, 0, c->rank, newcomm, config);  // nothing excluded: a duplicate
+    // Shrinking needs a split that the excluded (possibly dead) ranks do not
+    // join; loom::Comm has no such primitive yet.
+    return not_supported("ncclCommShrink with excluded ranks is not supported by Loom yet");
+  });
+}
+
+extern "C" ncclResult_t pncclCommFinalize(ncclComm_t comm) {
+  return guard("ncclCommFinalize", comm, [&]() -> Status {
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->revoked) return invalid_usage("ncclCommFinalize after ncclCommRevoke");
+    }
+    Status s = drain(c);
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->finalized = true;
+    return s;
+  });
+}
+
+extern "C" ncclResult_t pncclCommDestroy(ncclComm_t comm) {
+  return guard("ncclCommDestroy", nullptr, [&]() -> Status {
+    if (comm == nullptr) return Status::ok();
+    LOOM_RETURN_IF_ERROR(check_handle(comm));
+    std::unique_ptr<ncclComm> owned(comm);
+    if (owned->ready.valid()) (void)owned->ready.get();
+    Status drained = drain(owned.get());
+    Status s;
+    bool failed_before;
+    {
+      std::lock_guard<std::mutex> lock(owned->mu);
+      failed_before = !owned->async_error.is_ok() || owned->revoked;
+    }
+    if (owned->comm != nullptr) s = owned->comm->destroy();
+    owned->magic = ncclComm::kDead;
+    owned->comm.reset();
+    // Errors already reported by the operations that hit them are not
+    // reported again by teardown.
+    return failed_before ? Status::ok() : s;
+  });
+}
+
+extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
+  return guard("ncclCommAbort", nullptr, [&]() -> Status {
+    if (comm == nullptr) return Status::ok();
+    LOOM_RETURN_IF_ERROR(check_handle(comm));
+    std::unique_ptr<ncclComm> owned(comm);
+    if (owned->ready.valid()) (void)owned->ready.get();
+    if (owned->comm != nullptr) owned->comm->abort("ncclCommAbort");
+    (void)drain(owned.get());  // aborted work finishes at once
+    owned->magic = ncclComm::kDead;
+    owned->comm.reset();
+    return Status::ok();
+  });
+}
+
+extern "C" ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return guard("ncclCommRevoke", comm, [&]() -> Status {
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+      return invalid_argument("revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
+    // Loom's abort stops in-flight work and tells the peers; unlike NCCL the
+    // communicator cannot be split afterwards, only destroyed.
+    c->comm->abort("ncclCommRevoke");
+    (void)drain(c);
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->revoked = true;
+    return Status::ok();
+  });
+}
+
+LOOM_NCCL_ALIAS(ncclGetUniqueId)
+LOOM_NCCL_ALIAS(ncclCommInitRankConfig)
+LOOM_NCCL_ALIAS(ncclCommInitRank)
+LOOM_NCCL_ALIAS(ncclCommInitRankScalable)
+LOOM_NCCL_ALIAS(ncclCommInitAll)
+LOOM_NCCL_ALIAS(ncclCommSplit)
+LOOM_NCCL_ALIAS(ncclCommShrink)
+LOOM_NCCL_ALIAS(ncclCommFinalize)
+LOOM_NCCL_ALIAS(ncclCommDestroy)
+LOOM_NCCL_ALIAS(ncclCommAbort)
+LOOM_NCCL_ALIAS(ncclCommRevoke)

@@ -1,0 +1,193 @@
+// NCCL environment variables that users already set, given their Loom meaning.
+//
+// A LOOM_* variable the user set explicitly always wins; otherwise the NCCL_*
+// value is copied (translated where the grammars differ) before the first
+// communicator is created, so Loom's own config registry sees it. NCCL_*
+// variables without a Loom meaning are listed once at INFO as ignored.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shim/shim.h"
+#include "topology/algo_override.h"
+
+extern char** environ;
+
+namespace loom::shim {
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// NCCL_DEBUG has VERSION and ABORT levels Loom does not; both mean "warnings".
+std::string translate_debug(const std::string& v) {
+  std::string u = upper(v);
+  if (u == "VERSION" || u == "ABORT") return "WARN";
+  return u;
+}
+
+struct Mapping {
+  const char* nccl;
+  const char* loom;
+  std::string (*translate)(const std::string&);
+};
+
+std::string same(const std::string& v) { return v; }
+
+const Mapping kMappings[] = {
+    {"NCCL_DEBUG", "LOOM_DEBUG", translate_debug},
+    {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", same},
+    {"NCCL_DEBUG_FILE", "LOOM_DEBUG_FILE", same},
+    {"NCCL_ALGO", "LOOM_ALGO", nullptr},  // translated by translate_nccl_algo
+    {"NCCL_SOCKET_IFNAME", "LOOM_SOCKET_IFNAME", same},
+    {"NCCL_TOPO_FILE", "LOOM_TOPO_FILE", same},
+    {"NCCL_TOPO_DUMP_FILE", "LOOM_TOPO_DUMP_FILE", same},
+};
+
+// Read by the shim itself rather than mapped.
+const char* const kShimOwned[] = {"NCCL_COMM_BLOCKING"};
+
+int level_of(const char* v) {
+  if (v == nullptr) return 0;
+  std::string u = upper(v);
+  if (u == "TRACE") return 3;
+  if (u == "INFO") return 2;
+  if (u == "WARN" || u == "VERSION" || u == "ABORT") return 1;
+  return 0;
+}
+
+int debug_level() {
+  static const int level = [] {
+    int l = level_of(std::getenv("LOOM_DEBUG"));
+    return l != 0 ? l : level_of(std::getenv("NCCL_DEBUG"));
+  }();
+  return level;
+}
+
+}  // namespace
+
+// NCCL_ALGO names the algorithms NCCL may use: "Ring", "Ring,Tree",
+// "allreduce:tree;broadcast:ring", or "^NVLS" (exclusions). LOOM_ALGO forces
+// one algorithm per collective (see topology/algo_override.h). So a list that
+// keeps exactly one algorithm Loom has (ring, tree) becomes a LOOM_ALGO rule:
+// global Ring forces ring for every NCCL_ALGO-governed collective, global Tree
+// only allreduce (the only NCCL collective with a tree). Several allowed
+// algorithms leave the choice to Loom's tuner; exclusions are not translated;
+// CollNet*, NVLS*, PAT have no Loom counterpart. Dropped parts are reported.
+std::string translate_nccl_algo(const std::string& v, std::vector<std::string>* dropped) {
+  if (v.find('^') != std::string::npos) {
+    dropped->push_back(v + " (exclusion lists are not translated)");
+    return {};
+  }
+  static const char* const kRingColls[] = {"allreduce", "broadcast", "reduce", "allgather",
+                                           "reducescatter"};
+  std::vector<std::string> rules;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t end = v.find(';', start);
+    if (end == std::string::npos) end = v.size();
+    std::string entry = v.substr(start, end - start);
+    start = end + 1;
+    if (entry.empty()) continue;
+    std::string coll;
+    size_t colon = entry.find(':');
+    if (colon != std::string::npos) {
+      coll = lower(entry.substr(0, colon));
+      entry = entry.substr(colon + 1);
+    }
+    std::vector<std::string> kept;
+    size_t a = 0;
+    while (a <= entry.size()) {
+      size_t b = entry.find(',', a);
+      if (b == std::string::npos) b = entry.size();
+      std::string name = lower(entry.substr(a, b - a));
+      a = b + 1;
+      name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
+      if (name == "ring" || name == "tree") kept.push_back(name);
+      else if (!name.empty()) dropped->push_back(name);
+    }
+    if (kept.size() != 1) {
+      if (kept.size() > 1)
+        dropped->push_back(entry + " (several algorithms allowed: Loom's tuner chooses)");
+      continue;
+    }
+    if (!coll.empty()) {
+      rules.push_back(coll + ":" + kept[0]);
+    } else if (kept[0] == "tree") {
+      rules.push_back("allreduce:tree");
+    } else {
+      for (const char* c : kRingColls) rules.push_back(std::string(c) + ":ring");
+    }
+  }
+  std::string out;
+  for (const std::string& r : rules) out += (out.empty() ? "" : ";") + r;
+  if (!out.empty() && !topo::parse_algo_override(out).is_ok()) {
+    dropped->push_back(v + " (no valid LOOM_ALGO equivalent)");
+    return {};
+  }
+  return out;
+}
+
+bool log_enabled(LogLevel level) { return debug_level() >= static_cast<int>(level); }
+
+void log(LogLevel level, const std::string& msg) {
+  const char* tag = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "TRACE";
+  std::fprintf(stderr, "loom-nccl %s %s\n", tag, msg.c_str());
+}
+
+bool default_blocking() {
+  const char* v = std::getenv("NCCL_COMM_BLOCKING");
+  return v == nullptr || std::atoi(v) != 0;
+}
+
+void apply_nccl_env() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> notes;
+    for (const Mapping& m : kMappings) {
+      const char* v = std::getenv(m.nccl);
+      if (v == nullptr) continue;
+      if (std::getenv(m.loom) != nullptr) {
+        notes.push_back(std::string(m.nccl) + " ignored: " + m.loom + " is set");
+        continue;
+      }
+      std::vector<std::string> dropped;
+      std::string value = m.translate ? m.translate(v) : translate_nccl_algo(v, &dropped);
+      for (const std::string& d : dropped)
+        notes.push_back(std::string(m.nccl) + ": '" + d + "' has no Loom equivalent, ignored");
+      if (value.empty()) continue;
+      setenv(m.loom, value.c_str(), 0);
+      notes.push_back(std::string(m.loom) + "=" + value + " (from " + m.nccl + ")");
+    }
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      std::string_view entry(*e);
+      if (entry.rfind("NCCL_", 0) != 0) continue;
+      std::string name(entry.substr(0, entry.find('=')));
+      bool known = std::any_of(std::begin(kMappings), std::end(kMappings),
+                               [&](const Mapping& m) { return name == m.nccl; }) ||
+                   std::any_of(std::begin(kShimOwned), std::end(kShimOwned),
+                               [&](const char* n) { return name == n; });
+      if (!known) notes.push_back(name + " has no meaning in Loom, ignored");
+    }
+    if (log_enabled(LogLevel::kInfo))
+      for (const std::string& n : notes) log(LogLevel::kInfo, n);
+  });
+}
+
+}  // namespace loom::shim

@@ -1,0 +1,77 @@
+// The shim's single error boundary: Status -> ncclResult_t, last-error text,
+// and the catch-all that keeps exceptions from crossing the C ABI.
+#include <exception>
+#include <new>
+#include <string>
+
+#include "shim/shim.h"
+
+namespace loom::shim {
+
+namespace {
+// NCCL keeps the last error per thread; we also keep it per communicator so
+// ncclGetLastError(comm) from a watchdog thread sees that comm's failure.
+thread_local std::string t_last_error;
+}  // namespace
+
+ncclResult_t to_nccl(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return ncclSuccess;
+    case StatusCode::kInvalidArgument: return ncclInvalidArgument;
+    // NCCL has no "not supported": it reports unsupported requests as usage errors.
+    case StatusCode::kInvalidUsage:
+    case StatusCode::kNotSupported: return ncclInvalidUsage;
+    case StatusCode::kSystemError: return ncclSystemError;
+    // A peer that died, aborted or stopped answering: NCCL's remote error.
+    case StatusCode::kRemoteError:
+    case StatusCode::kTimeout: return ncclRemoteError;
+    // Work failed by a local abort/revoke: the caller used a dead communicator.
+    case StatusCode::kAborted: return ncclInvalidUsage;
+    case StatusCode::kInternal: return ncclInternalError;
+    case StatusCode::kInProgress: return ncclInProgress;
+  }
+  return ncclInternalError;
+}
+
+void record_error(ncclComm* comm, const Status& s) {
+  std::string text = s.to_string();
+  if (comm != nullptr && comm->magic == ncclComm::kMagic) {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->last_error = text;
+  }
+  t_last_error = std::move(text);
+}
+
+const char* last_error(ncclComm* comm) {
+  if (comm != nullptr && comm->magic == ncclComm::kMagic) {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    if (!comm->last_error.empty()) return comm->last_error.c_str();
+  }
+  return t_last_error.c_str();
+}
+
+ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept {
+  Status s;
+  try {
+    s = body();
+  } catch (const std::bad_alloc&) {
+    s = Status(StatusCode::kSystemError, "out of host memory");
+  } catch (const std::exception& e) {
+    s = internal_error(std::string("unexpected exception: ") + e.what());
+  } catch (...) {
+    s = internal_error("unexpected non-standard exception");
+  }
+  if (s.is_ok()) return ncclSuccess;
+  if (s.code() == StatusCode::kInProgress) return ncclInProgress;
+  try {
+    Status named = s.with_context(api);
+    record_error(comm, named);
+    if (log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, named.to_string());
+    if (in_group()) group_fail(named);
+  } catch (...) {
+    // Recording is best effort; the code below still tells the caller.
+  }
+  return to_nccl(s.code());
+}
+
+}  // namespace loom::shim

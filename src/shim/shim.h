@@ -1,0 +1,181 @@
+// Internals of libnccl.so.2: the NCCL C ABI implemented over loom::Comm.
+//
+// Layout of the shim
+//   error.cc     the one error boundary (Status -> ncclResult_t, last error)
+//   env.cc       NCCL_* environment variables -> LOOM_*, shim logging
+//   comm_state.cc  struct ncclComm: readiness, in-flight work, completion
+//   group.cc     thread-local group state, GroupStart/End/SimulateEnd
+//   api_init.cc  communicator lifecycle (init, split, shrink, teardown)
+//   api_misc.cc  version, errors, queries, memory, registration, windows
+//   api_coll.cc  collectives, send/recv, PreMulSum operators
+//   premul.cc    scaling kernels for PreMulSum (all 12 data types)
+//   alias.h      nccl* weak aliases of the pnccl* implementations
+//
+// Threading: a communicator is driven by one thread at a time (NCCL's rule),
+// but ncclCommGetAsyncError / ncclGetLastError may come from any thread (a
+// watchdog), so everything they touch is under ncclComm::mu.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/comm.h"
+#include "loom/status.h"
+#include "loom/types.h"
+#include "nccl.h"
+
+namespace loom::shim {
+
+// Everything that must outlive an issued operation and what to do after it:
+// the Work handles, temporary buffers (PreMulSum inputs) and host-side steps
+// that run once the data has arrived (a root's own block in Gather/Scatter).
+struct Completion {
+  bool collect_works = true;  // false inside a loom group: only group_end's Work counts
+  std::vector<Work> works;
+  std::vector<std::unique_ptr<std::byte[]>> temps;
+  std::vector<std::function<void()>> after;
+
+  void add(const Work& w) {
+    if (collect_works && w.valid()) works.push_back(w);
+  }
+  std::byte* temp(size_t bytes);
+  bool done() const;
+  // Waits for every Work, then runs `after` if all succeeded. First error wins.
+  Status wait();
+  // For a finished completion: its status, running `after` on success.
+  Status finish();
+};
+
+// One NCCL call recorded for submission: what the tuner-less estimate needs,
+// and a function that issues the loom operations for it.
+struct PendingOp {
+  Collective coll = Collective::kAllReduce;
+  size_t bytes = 0;  // payload per rank
+  std::function<Status(Comm&, Completion&)> issue;
+};
+
+// A PreMulSum operator made by ncclRedOpCreatePreMulSum.
+struct PreMulOp {
+  DataType dtype = DataType::kFloat32;
+  bool immediate = true;           // ncclScalarHostImmediate: value copied at creation
+  std::byte value[8] = {};         // the scalar when immediate
+  const void* pointer = nullptr;   // read at issue time otherwise
+};
+
+}  // namespace loom::shim
+
+// Behind a registration handle (ncclCommRegister) or an ncclWindow_t.
+struct ncclWindow_vidmem {
+  void* buff = nullptr;
+  size_t size = 0;
+  int flags = 0;
+  bool window = false;
+};
+
+// The object behind ncclComm_t. Global namespace because nccl.h declares
+// `typedef struct ncclComm* ncclComm_t`.
+struct ncclComm {
+  static constexpr uint64_t kMagic = 0x6c6f6f6d636f6d6dULL;  // "loomcomm"
+  static constexpr uint64_t kDead = 0xdeadc0dedeadc0deULL;
+
+  uint64_t magic = kMagic;
+  std::unique_ptr<loom::Comm> comm;  // set once init succeeded
+  int rank = -1;
+  int nranks = 0;
+  int cuda_dev = 0;
+  bool blocking = true;
+  std::string name;
+
+  // Creation may run in the background (non-blocking config, or inside a
+  // group); `ready` becomes valid then and holds the creation status.
+  std::shared_future<loom::Status> ready;
+
+  // Operations recorded while a group is open on this thread.
+  std::vector<loom::shim::PendingOp> group_ops;
+
+  std::mutex mu;  // guards everything below
+  std::vector<loom::shim::Completion> inflight;  // non-blocking comms
+  loom::Status async_error;                      // first failure seen
+  std::string last_error;
+  bool revoked = false;
+  bool finalized = false;
+  std::map<void*, std::unique_ptr<ncclWindow_vidmem>> registrations;  // by handle
+  std::vector<std::optional<loom::shim::PreMulOp>> premul_ops;
+};
+
+namespace loom::shim {
+
+// ---- error.cc ------------------------------------------------------------
+ncclResult_t to_nccl(StatusCode code);
+// Records `s` as the last error of `comm` (may be null) and of this thread.
+void record_error(ncclComm* comm, const Status& s);
+const char* last_error(ncclComm* comm);
+
+// The error boundary every pnccl* entry point goes through: runs `body`,
+// converts its Status, records failures for ncclGetLastError, and turns any
+// exception into an ncclResult_t so none crosses the C ABI.
+ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept;
+
+// ---- env.cc --------------------------------------------------------------
+// Copies NCCL_* settings to LOOM_* (once per process, before the first comm).
+void apply_nccl_env();
+enum class LogLevel { kWarn = 1, kInfo = 2, kTrace = 3 };
+bool log_enabled(LogLevel level);
+void log(LogLevel level, const std::string& msg);
+// NCCL_ALGO -> LOOM_ALGO ("" when nothing translates); untranslated parts
+// are appended to `dropped`.
+std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::string>* dropped);
+// NCCL_COMM_BLOCKING default for configs that leave `blocking` unset.
+bool default_blocking();
+
+// ---- comm_state.cc -------------------------------------------------------
+// Validates a handle and waits until its creation finished; fails with the
+// creation error, or kInvalidUsage after revoke.
+Result<ncclComm*> ready_comm(ncclComm* comm);
+// Like ready_comm but accepts a revoked communicator (for teardown).
+Result<ncclComm*> live_comm(ncclComm* comm);
+Status check_handle(ncclComm* comm);
+// Runs `op` now (outside a group) or records it for GroupEnd. Outside a
+// group, blocking comms wait for completion; non-blocking ones return
+// kInProgress and complete through ncclCommGetAsyncError.
+Status submit(ncclComm* comm, PendingOp op);
+// Issues a batch of recorded ops on one comm inside one loom group.
+Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done);
+// Completes (blocking) or parks (non-blocking) a completion.
+Status settle(ncclComm* comm, Completion done);
+// Polls in-flight work: ok, kInProgress, or the first error.
+Status poll(ncclComm* comm);
+// Waits for all in-flight work of a comm.
+Status drain(ncclComm* comm);
+// Starts creating a communicator in the background; `make` returns it and
+// `comm` (null for a NOCOLOR split) receives it. Sets comm->ready.
+std::shared_future<Status> start_creation(ncclComm* comm,
+                                          std::function<Result<std::unique_ptr<Comm>>()> make);
+
+// ---- group.cc ------------------------------------------------------------
+bool in_group();
+// Records `op` for the group and remembers the comm.
+void group_record(ncclComm* comm, PendingOp op);
+// A creation (init or split) started inside the group; GroupEnd waits for
+// it when `blocking`, else leaves it to ncclCommGetAsyncError.
+void group_add_creation(std::shared_future<Status> done, bool blocking);
+// Marks the open group failed (NCCL discards a group whose call failed).
+void group_fail(const Status& s);
+
+// ---- premul.cc -----------------------------------------------------------
+// dst[i] = src[i] * scalar in the type's own arithmetic (via float for the
+// 16- and 8-bit float types, rounding to nearest even).
+void scale(void* dst, const void* src, size_t count, DataType dt, const void* scalar);
+
+// ---- api_coll.cc ---------------------------------------------------------
+Result<DataType> check_dtype(ncclDataType_t dt);
+
+}  // namespace loom::shim

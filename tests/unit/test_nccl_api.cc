@@ -1,0 +1,205 @@
+// The NCCL C API on one thread driving N ranks (ncclCommInitAll, grouped
+// calls): group semantics, non-blocking communicators, Split/Shrink/Revoke
+// and errors inside groups. Multi-process coverage is in tests/abi.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl.h"
+
+namespace {
+
+constexpr int kN = 4;
+
+struct Comms {
+  ncclComm_t c[kN] = {};
+  Comms() { EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr); }
+  ~Comms() {
+    for (ncclComm_t x : c) {
+      if (x != nullptr) {
+        EXPECT_EQ(ncclCommDestroy(x), ncclSuccess) << ncclGetLastError(x);
+      }
+    }
+  }
+};
+
+ncclResult_t wait_ready(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return state;
+}
+
+TEST(NcclApi, GatherScatterAndAllReduceInOneGroup) {
+  Comms w;
+  const int root = 2, n = 5;
+  std::vector<int> send[kN], gathered(kN * n, -1), scat[kN], sum[kN];
+  std::vector<int> root_src(kN * n);
+  for (int i = 0; i < kN * n; ++i) root_src[i] = 100 + i;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) {
+    send[r].assign(n, r * 10);
+    scat[r].assign(n, -1);
+    sum[r].assign(n, r);
+    ASSERT_EQ(ncclGather(send[r].data(), r == root ? gathered.data() : nullptr, n, ncclInt32, root,
+                         w.c[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclScatter(r == root ? root_src.data() : nullptr, scat[r].data(), n, ncclInt32, root,
+                          w.c[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(sum[r].data(), sum[r].data(), n, ncclInt32, ncclSum, w.c[r], nullptr),
+              ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r)
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(gathered[r * n + i], r * 10);
+      EXPECT_EQ(scat[r][i], 100 + r * n + i);
+      EXPECT_EQ(sum[r][i], 0 + 1 + 2 + 3);
+    }
+}
+
+TEST(NcclApi, AFailedCallDiscardsItsGroup) {
+  Comms w;
+  float v[kN] = {1, 1, 1, 1};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclFloat, ncclSum, w.c[r], nullptr), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(&v[0], &v[0], 1, (ncclDataType_t)99, ncclSum, w.c[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("datatype"), std::string::npos);
+  for (float x : v) EXPECT_EQ(x, 1.0f);  // nothing ran
+  // The next group is clean.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclFloat, ncclSum, w.c[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (float x : v) EXPECT_EQ(x, 4.0f);
+}
+
+TEST(NcclApi, SimulateEndEstimatesWithoutRunning) {
+  Comms w;
+  std::vector<float> big[kN];
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) {
+    big[r].assign(1 << 16, 2.0f);
+    ASSERT_EQ(ncclAllReduce(big[r].data(), big[r].data(), big[r].size(), ncclFloat, ncclSum, w.c[r],
+                            nullptr), ncclSuccess);
+  }
+  ncclSimInfo_t small_sim = NCCL_SIM_INFO_INITIALIZER;
+  ASSERT_EQ(ncclGroupSimulateEnd(&small_sim), ncclSuccess);
+  for (auto& b : big) EXPECT_EQ(b[0], 2.0f);
+  // A larger message is estimated to take longer.
+  ncclSimInfo_t big_sim = NCCL_SIM_INFO_INITIALIZER;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    for (int k = 0; k < 4; ++k)
+      ASSERT_EQ(ncclAllReduce(big[r].data(), big[r].data(), big[r].size(), ncclFloat, ncclSum,
+                              w.c[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupSimulateEnd(&big_sim), ncclSuccess);
+  EXPECT_GT(small_sim.estimatedTime, 0.0f);
+  EXPECT_GT(big_sim.estimatedTime, small_sim.estimatedTime);
+}
+
+TEST(NcclApi, NestedGroupsRunAtTheOutermostEnd) {
+  Comms w;
+  int v[kN] = {1, 2, 3, 4};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclInt32, ncclMax, w.c[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(v[0], 1);  // not yet
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int x : v) EXPECT_EQ(x, 4);
+}
+
+TEST(NcclApi, NonBlockingCommunicatorsInitAndRunInProgress) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c[kN];
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclCommInitRankConfig(&c[r], kN, id, r, &cfg), ncclSuccess);
+  ncclResult_t end = ncclGroupEnd();
+  EXPECT_TRUE(end == ncclInProgress || end == ncclSuccess) << end;
+  for (auto x : c) ASSERT_EQ(wait_ready(x), ncclSuccess) << ncclGetLastError(x);
+  double v[kN] = {1, 2, 3, 4};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclDouble, ncclProd, c[r], nullptr), ncclSuccess);
+  end = ncclGroupEnd();
+  EXPECT_TRUE(end == ncclInProgress || end == ncclSuccess) << end;
+  for (auto x : c) ASSERT_EQ(wait_ready(x), ncclSuccess);
+  for (double x : v) EXPECT_EQ(x, 24.0);
+  for (auto x : c) EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
+}
+
+TEST(NcclApi, SplitInAGroupAndShrinkWithoutExclusions) {
+  Comms w;
+  ncclComm_t sub[kN] = {};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclCommSplit(w.c[r], r == 0 ? NCCL_SPLIT_NOCOLOR : 1, r, &sub[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  EXPECT_EQ(sub[0], nullptr);
+  for (int r = 1; r < kN; ++r) {
+    int n = 0, me = -1;
+    ASSERT_EQ(ncclCommCount(sub[r], &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(sub[r], &me), ncclSuccess);
+    EXPECT_EQ(n, 3);
+    EXPECT_EQ(me, r - 1);
+    EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
+  }
+
+  ncclComm_t dup[kN] = {};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclCommShrink(w.c[r], nullptr, 0, &dup[r], nullptr, NCCL_SHRINK_DEFAULT), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (auto d : dup) {
+    int n = 0;
+    ASSERT_EQ(ncclCommCount(d, &n), ncclSuccess);
+    EXPECT_EQ(n, kN);
+    EXPECT_EQ(ncclCommDestroy(d), ncclSuccess);
+  }
+  // Excluding ranks needs a primitive Loom does not have yet: said plainly.
+  int excluded = 3;
+  ncclComm_t none = nullptr;
+  EXPECT_EQ(ncclCommShrink(w.c[0], &excluded, 1, &none, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("not supported"), std::string::npos);
+  EXPECT_EQ(ncclCommShrink(w.c[0], &excluded, 1, &none, nullptr, 9), ncclInvalidArgument);
+}
+
+TEST(NcclApi, RevokedAndFinalizedCommsRefuseWork) {
+  Comms w;
+  int v = 1;
+  ASSERT_EQ(ncclCommRevoke(w.c[0], NCCL_REVOKE_DEFAULT), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, w.c[0], nullptr), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("revoked"), std::string::npos);
+  EXPECT_EQ(ncclCommFinalize(w.c[0]), ncclInvalidUsage);
+  ASSERT_EQ(ncclCommFinalize(w.c[1]), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, w.c[1], nullptr), ncclInvalidUsage);
+  // (How peers see a revoke/abort is covered across processes in tests/abi.)
+}
+
+TEST(NcclApi, GetAsyncErrorAndQueries) {
+  Comms w;
+  ncclResult_t e = ncclInternalError;
+  ASSERT_EQ(ncclCommGetAsyncError(w.c[1], &e), ncclSuccess);
+  EXPECT_EQ(e, ncclSuccess);
+  EXPECT_EQ(ncclCommGetAsyncError(w.c[1], nullptr), ncclInvalidArgument);
+  int dev = -1;
+  ASSERT_EQ(ncclCommCuDevice(w.c[3], &dev), ncclSuccess);
+  EXPECT_EQ(dev, 3);  // InitAll without a devlist: device i for rank i
+  EXPECT_EQ(ncclCommDestroy(nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+}
+
+}  // namespace
