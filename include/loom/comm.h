@@ -132,6 +132,10 @@ class Comm {
   Status destroy();
   // First error that failed the communicator, or ok.
   Status async_error() const;
+  // The tuner's predicted time (microseconds) of one collective moving `bytes`
+  // per rank on this communicator, with the algorithm it would choose (what
+  // ncclGroupSimulateEnd reports).
+  Result<double> predict_us(Collective coll, size_t bytes) const;
 
   detail::CommImpl* impl() { return impl_.get(); }
 

@@ -224,5 +224,6 @@ Result<Work> Comm::group_end() { return impl_->group_end(); }
 void Comm::abort(const std::string& reason) { impl_->abort(reason); }
 Status Comm::destroy() { return impl_->destroy(); }
 Status Comm::async_error() const { return impl_->async_error(); }
+Result<double> Comm::predict_us(Collective coll, size_t bytes) const { return impl_->predict_us(coll, bytes); }
 
 }  // namespace loom

@@ -305,6 +305,15 @@ Status CommImpl::destroy() {
   return Status::ok();
 }
 
+Result<double> CommImpl::predict_us(Collective coll, size_t bytes) const {
+  if (!tuner_) return not_supported("no tuner on this communicator");
+  std::vector<std::string> available;
+  for (const Algorithm* algo : algorithms_for(coll)) available.push_back(algo->name);
+  LOOM_ASSIGN_OR_RETURN(topo::Selection sel, tuner_->select(coll, bytes, nranks_, available));
+  if (sel.predicted_us < 0) return not_supported(fmt::format("the cost model has no estimate for {}", sel.algorithm));
+  return sel.predicted_us;
+}
+
 Status CommImpl::async_error() const {
   std::lock_guard<std::mutex> lk(mu_);
   return failed_;

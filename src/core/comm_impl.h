@@ -52,6 +52,7 @@ class CommImpl {
   void abort(const std::string& reason);
   Status destroy();
   Status async_error() const;
+  Result<double> predict_us(Collective coll, size_t bytes) const;
 
  private:
   struct SubOp {

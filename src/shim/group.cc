@@ -143,7 +143,12 @@ extern "C" ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {
     double worst = 0;
     for (ncclComm* c : t_group.comms) {
       double t = 0;
-      for (const PendingOp& op : c->group_ops) t += estimate_us(op, c->nranks);
+      for (const PendingOp& op : c->group_ops) {
+        // Loom's tuner (the algorithm it would pick, from the topology's cost
+        // model); the plain alpha-beta stand-in only where it has no model.
+        auto predicted = c->comm ? c->comm->predict_us(op.coll, op.bytes) : Result<double>(not_supported("no comm"));
+        t += predicted.is_ok() ? *predicted : estimate_us(op, c->nranks);
+      }
       worst = std::max(worst, t);
     }
     info->estimatedTime = static_cast<float>(worst);

@@ -207,3 +207,20 @@ TEST(Groups, SendRecvAnyOrderNoDeadlock) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(Predict, TunerEstimateGrowsWithSize) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok());
+  auto small = (*comms)[0]->predict_us(Collective::kAllReduce, 8);
+  auto big = (*comms)[0]->predict_us(Collective::kAllReduce, 64 << 20);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
+  EXPECT_GT(*small, 0);
+  EXPECT_GT(*big, 100 * *small);
+}
+
+}  // namespace
+}  // namespace loom
