@@ -140,6 +140,8 @@ int main(int argc, char** argv) {
     pid_t pid = fork();
     if (pid < 0) { perror("loomrun: fork"); return 2; }
     if (pid == 0) {
+      // Own process group: ending a rank ends whatever it started too.
+      setpgid(0, 0);
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       setenv("LOOM_RANK", std::to_string(r).c_str(), 1);
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
       _exit(127);
     }
     close(fds[1]);
+    setpgid(pid, pid);  // also here, so no kill races the child's own setpgid
     ranks[r].pid = pid;
     ranks[r].out_fd = fds[0];
   }
@@ -165,7 +168,22 @@ int main(int argc, char** argv) {
   bool term_sent = false, kill_sent = false;
   int alive = n;
   std::vector<int> killed_by_us;
+  Clock::time_point all_exited_at{};
   while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.out_fd >= 0; })) {
+    // Once every rank has exited, a grandchild still holding the output pipe
+    // must not keep loomrun alive: drain briefly, then stop reading.
+    if (alive == 0) {
+      if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
+      if (Clock::now() - all_exited_at > std::chrono::milliseconds(500)) {
+        for (int r = 0; r < n; ++r)
+          if (ranks[r].out_fd >= 0) {
+            flush_lines(ranks[r], r, prefix, true);
+            close(ranks[r].out_fd);
+            ranks[r].out_fd = -1;
+          }
+        break;
+      }
+    }
     std::vector<pollfd> pfds;
     std::vector<int> who;
     for (int r = 0; r < n; ++r)
@@ -212,14 +230,14 @@ int main(int argc, char** argv) {
       if (!term_sent && now >= kill_at) {
         for (int r = 0; r < n; ++r)
           if (!ranks[r].exited) {
-            kill(ranks[r].pid, SIGTERM);
+            kill(-ranks[r].pid, SIGTERM);
             killed_by_us.push_back(r);
           }
         term_sent = true;
         hard_kill_at = now + std::chrono::seconds(2);
       } else if (term_sent && !kill_sent && now >= hard_kill_at) {
         for (int r = 0; r < n; ++r)
-          if (!ranks[r].exited) kill(ranks[r].pid, SIGKILL);
+          if (!ranks[r].exited) kill(-ranks[r].pid, SIGKILL);
         kill_sent = true;
       }
     }

@@ -1,0 +1,128 @@
+// loomrun's behaviour (prefixes, failure summary, ending the other ranks) and
+// the environment bootstrap under the variable names of torchrun, Open MPI and
+// Slurm.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "bootstrap/socket.h"
+#include "common/test_util.h"
+
+namespace loom {
+namespace {
+
+std::string build_dir() {
+  const char* d = getenv("LOOM_BUILD_DIR");
+  return d ? d : "build";
+}
+
+// Runs a shell command, returns (exit status, combined output).
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+TEST(Loomrun, PrefixesOutputAndSucceeds) {
+  auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 sh -c 'echo hello from $LOOM_RANK of $LOOM_WORLD_SIZE'");
+  EXPECT_EQ(rc, 0) << out;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(out.find("[" + std::to_string(r) + "] hello from " + std::to_string(r) + " of 3"), std::string::npos) << out;
+}
+
+TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 1 sh -c 'if [ $LOOM_RANK = 1 ]; then exit 3; fi; sleep 60'");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(rc, 0);
+  EXPECT_LT(secs, 20) << "loomrun did not end the other ranks";
+  EXPECT_NE(out.find("loomrun: rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("exited with code 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 terminated by loomrun"), std::string::npos) << out;
+}
+
+TEST(Loomrun, KilledRankIsReportedWithItsSignal) {
+  auto [rc, out] = run(build_dir() + "/bin/loomrun -n 2 --grace 1 sh -c 'if [ $LOOM_RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("rank 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("SIGKILL"), std::string::npos) << out;
+}
+
+// Each child sets one launcher's variables, then init_from_env + allreduce.
+void env_bootstrap(const char* launcher) {
+  const int n = 3;
+  SockAddr probe;
+  auto fd = tcp_listen(loopback_addr(0), &probe);
+  ASSERT_TRUE(fd.is_ok());
+  const std::string port = std::to_string(probe.port());
+  fd->reset();  // free the port for rank 0's root
+  auto res = testing::run_processes(n, [&](int r, int out) {
+    std::string rs = std::to_string(r), ns = std::to_string(n);
+    std::string l = launcher;
+    if (l == "torchrun") {
+      setenv("RANK", rs.c_str(), 1);
+      setenv("WORLD_SIZE", ns.c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+    } else if (l == "ompi") {
+      setenv("OMPI_COMM_WORLD_RANK", rs.c_str(), 1);
+      setenv("OMPI_COMM_WORLD_SIZE", ns.c_str(), 1);
+      setenv("LOOM_ROOT_ADDR", ("127.0.0.1:" + port).c_str(), 1);
+    } else if (l == "slurm") {
+      setenv("SLURM_PROCID", rs.c_str(), 1);
+      setenv("SLURM_NTASKS", ns.c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+    } else {
+      setenv("LOOM_RANK", rs.c_str(), 1);
+      setenv("LOOM_WORLD_SIZE", ns.c_str(), 1);
+      setenv("LOOM_ROOT_ADDR", ("127.0.0.1:" + port).c_str(), 1);
+    }
+    Config cfg;
+    cfg.timeout_s = 30;
+    auto comm = Comm::init_from_env(cfg);
+    if (!comm.is_ok()) {
+      std::string m = comm.status().to_string();
+      (void)!write(out, m.data(), m.size());
+      return 1;
+    }
+    if ((*comm)->rank() != r || (*comm)->size() != n) return 2;
+    int32_t v = r + 1;
+    auto w = (*comm)->allreduce(&v, &v, 1, DataType::kInt32, RedOp::kSum);
+    if (!w.is_ok() || !w->wait().is_ok()) return 3;
+    return v == 6 ? 0 : 4;
+  }, 60);
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(WIFEXITED(res[r].status) && WEXITSTATUS(res[r].status) == 0)
+        << launcher << " rank " << r << " status " << res[r].status << ": " << res[r].output;
+}
+
+TEST(EnvBootstrap, Loom) { env_bootstrap("loom"); }
+TEST(EnvBootstrap, Torchrun) { env_bootstrap("torchrun"); }
+TEST(EnvBootstrap, OpenMpi) { env_bootstrap("ompi"); }
+TEST(EnvBootstrap, Slurm) { env_bootstrap("slurm"); }
+
+TEST(EnvBootstrap, MissingVariablesGiveAClearError) {
+  auto res = testing::run_processes(1, [&](int, int out) {
+    for (const char* v : {"LOOM_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) unsetenv(v);
+    auto comm = Comm::init_from_env();
+    std::string m = comm.status().to_string();
+    (void)!write(out, m.data(), m.size());
+    return comm.is_ok() ? 1 : 0;
+  });
+  EXPECT_EQ(WEXITSTATUS(res[0].status), 0);
+  EXPECT_NE(res[0].output.find("no rank in the environment"), std::string::npos) << res[0].output;
+}
+
+}  // namespace
+}  // namespace loom
