@@ -11,6 +11,7 @@ PKGS=(
   libhwloc-dev hwloc libibverbs-dev
   libopenmpi-dev openmpi-bin
   iproute2 procps psmisc
+  iperf3 libgloo-dev
   gnuplot-nox
 )
 missing=()

@@ -9,7 +9,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "topology/discover.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/hybrid_transport.h"
 
 namespace loom {
 namespace detail {
@@ -46,17 +46,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   Deadline deadline = deadline_after(c->timeout_s_);
   LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, &c->abort_));
 
-  const auto& peers = c->boot_->peers();
-  std::vector<bool> local(nranks);
-  for (int i = 0; i < nranks; ++i) local[i] = peers[i].host_hash == peers[rank].host_hash;
-  for (int i = 0; i < nranks; ++i)
-    if (!local[i])
-      return not_supported(fmt::format(
-          "rank {} runs on host '{}' and rank {} on host '{}': this build has no network transport yet, "
-          "only shared memory between ranks of one host",
-          rank, peers[rank].hostname, i, peers[i].hostname));
-  LOOM_ASSIGN_OR_RETURN(auto shm, ShmTransport::create(*c->boot_, local, params::shm_fifo_bytes(), deadline));
-  c->transport_ = std::move(shm);
+  // Shared memory inside a host, sockets between hosts (LOOM_TRANSPORT).
+  LOOM_ASSIGN_OR_RETURN(TransportMode mode, parse_transport_mode(params::transport()));
+  LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
+                                                               &c->abort_));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
   auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks);
   if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO / LOOM_TUNER_PLUGIN)");

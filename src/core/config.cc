@@ -27,6 +27,20 @@ std::vector<ParamInfo>& registry() {
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_HOST_ID", "string", "",
        "Overrides the host identity (hash of hostname + boot id) so tests can fake several hosts."},
+      {"LOOM_TRANSPORT", "string", "auto",
+       "auto: shared memory between ranks of one host, TCP sockets between hosts; socket: TCP for every peer "
+       "(tests, benchmarks); shm: shared memory only (init fails if a rank is on another host)."},
+      {"LOOM_SOCKET_IFNAME", "string", "",
+       "Interface for sockets (NCCL grammar: prefix list, ^ excludes, = exact). Unset: the interface that routes to "
+       "the rendezvous root."},
+      {"LOOM_SOCKET_NSOCKS", "int", "2", "TCP streams per peer pair; each message is cut into slices spread over them."},
+      {"LOOM_SOCKET_NTHREADS", "int", "2", "Progress threads per rank that move bytes between rings and sockets."},
+      {"LOOM_SOCKET_SLICE_BYTES", "bytes", "64K",
+       "Bytes sent on one stream before moving to the next (the connecting rank's value is used by both)."},
+      {"LOOM_SOCKET_BUF_BYTES", "bytes", "4M", "Staging ring per peer and direction between the executor and the sockets."},
+      {"LOOM_SOCKET_SOCKBUF", "bytes", "0",
+       "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (which grows beyond what a fixed "
+       "value below net.core.wmem_max can reach)."},
       {"LOOM_LOOMRUN_GRACE", "double", "3", "loomrun: seconds to wait for the other ranks after one fails before killing them."},
   };
   return r;
@@ -102,6 +116,12 @@ uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20);
 uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
+std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
+int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }
+int socket_nthreads() { return static_cast<int>(env_int("LOOM_SOCKET_NTHREADS", 2)); }
+uint64_t socket_slice_bytes() { return env_bytes("LOOM_SOCKET_SLICE_BYTES", 64ull << 10); }
+uint64_t socket_buf_bytes() { return env_bytes("LOOM_SOCKET_BUF_BYTES", 4ull << 20); }
+uint64_t socket_sockbuf() { return env_bytes("LOOM_SOCKET_SOCKBUF", 0); }
 }  // namespace params
 
 }  // namespace loom

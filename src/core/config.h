@@ -40,6 +40,12 @@ uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
 uint64_t shm_single_copy_bytes();  // LOOM_SHM_SINGLE_COPY_BYTES
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
+std::string transport();     // LOOM_TRANSPORT: auto | shm | socket
+int socket_nsocks();         // LOOM_SOCKET_NSOCKS
+int socket_nthreads();       // LOOM_SOCKET_NTHREADS
+uint64_t socket_slice_bytes();  // LOOM_SOCKET_SLICE_BYTES
+uint64_t socket_buf_bytes();    // LOOM_SOCKET_BUF_BYTES
+uint64_t socket_sockbuf();      // LOOM_SOCKET_SOCKBUF
 }  // namespace params
 
 }  // namespace loom
