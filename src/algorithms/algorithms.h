@@ -37,5 +37,25 @@ Result<RankSchedule> chain_broadcast(const CollArgs& a);
 Result<RankSchedule> chain_reduce(const CollArgs& a);
 Result<RankSchedule> direct_all_to_all(const CollArgs& a);
 Result<RankSchedule> direct_sendrecv(const CollArgs& a);
+Result<RankSchedule> pairwise_all_to_all(const CollArgs& a);
+// tree.cc
+Result<RankSchedule> tree_allreduce(const CollArgs& a);
+Result<RankSchedule> tree_broadcast(const CollArgs& a);
+Result<RankSchedule> tree_reduce(const CollArgs& a);
+Result<RankSchedule> binomial_broadcast(const CollArgs& a);
+Result<RankSchedule> binomial_reduce(const CollArgs& a);
+// hypercube.cc
+Result<RankSchedule> hypercube_allreduce(const CollArgs& a);
+Result<RankSchedule> hypercube_all_gather(const CollArgs& a);
+Result<RankSchedule> halving_reduce_scatter(const CollArgs& a);
+Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a);
+Result<RankSchedule> bruck_all_gather(const CollArgs& a);
+// direct_reduce.cc
+Status one_shot_supports(const CollArgs& a);
+Result<RankSchedule> one_shot_allreduce(const CollArgs& a);
+Result<RankSchedule> two_shot_allreduce(const CollArgs& a);
+// hierarchical.cc
+Status hierarchical_supports(const CollArgs& a);
+Result<RankSchedule> hierarchical_allreduce(const CollArgs& a);
 
 }  // namespace loom

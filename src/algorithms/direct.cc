@@ -51,6 +51,56 @@ Result<RankSchedule> direct_all_to_all(const CollArgs& a) {
   return s;
 }
 
+// Pairwise exchange: n-1 phases; in phase k rank r sends block r+k to rank
+// r+k and receives block r-k from rank r-k, so each rank talks to one peer
+// at a time (no p-1 -> 1 fan-in contention, bounded FIFO use) at the price
+// of n-1 latency terms. The modular shift works for every n (the XOR pairing
+// needs a power of two).
+Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "pairwise";
+  if (c == 0) return s;
+  Phase first;
+  BufId src = kBufSend;
+  if (a.in_place && n > 1) {
+    s.scratch_count = n * c;
+    Step st;
+    st.kind = StepKind::kCopy;
+    st.src = {kBufSend, 0};
+    st.dst = {kBufScratch, 0};
+    st.count = n * c;
+    first.steps.push_back(st);
+    src = kBufScratch;
+  }
+  Step self;
+  self.kind = StepKind::kCopy;
+  self.src = {src, r * c};
+  self.dst = {kBufRecv, r * c};
+  self.count = c;
+  first.steps.push_back(self);
+  for (int k = 1; k < n; ++k) {
+    Phase p = k == 1 ? std::move(first) : Phase{};
+    const int to = (r + k) % n, from = (r - k + n) % n;
+    Step snd;
+    snd.kind = StepKind::kSend;
+    snd.peer = to;
+    snd.src = {src, to * c};
+    snd.count = c;
+    p.steps.push_back(snd);
+    Step rcv;
+    rcv.kind = StepKind::kRecv;
+    rcv.peer = from;
+    rcv.dst = {kBufRecv, from * c};
+    rcv.count = c;
+    p.steps.push_back(rcv);
+    s.phases.push_back(std::move(p));
+  }
+  if (n == 1) s.phases.push_back(std::move(first));
+  return s;
+}
+
 Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
   RankSchedule s;
   s.algorithm = "p2p";

@@ -89,6 +89,9 @@ struct CollArgs {
   bool in_place = false;
   size_t chunk_elems = 0;  // pipelining chunk for chain algorithms; 0 = default
   std::vector<P2pOp> p2p;  // kSendRecv only
+  // Host index of every rank (hierarchical algorithms); empty = unknown,
+  // treated as one host.
+  std::vector<int> host_of_rank;
 };
 
 // Splits `count` elements into `parts` contiguous blocks whose sizes differ by

@@ -45,6 +45,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : params::timeout_s();
   Deadline deadline = deadline_after(c->timeout_s_);
   LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, &c->abort_));
+  // Host index of every rank (its lowest rank with the same host hash), for
+  // hierarchical algorithms (CollArgs::host_of_rank).
+  c->host_of_rank_.assign(nranks, 0);
+  for (int i = 0; i < nranks; ++i)
+    for (int j = 0; j <= i; ++j)
+      if (c->boot_->peers()[j].host_hash == c->boot_->peers()[i].host_hash) {
+        c->host_of_rank_[i] = j;
+        break;
+      }
 
   // Shared memory inside a host, sockets between hosts (LOOM_TRANSPORT).
   LOOM_ASSIGN_OR_RETURN(TransportMode mode, parse_transport_mode(params::transport()));
@@ -106,6 +115,7 @@ Result<Work> CommImpl::submit(CollArgs args, const void* send, void* recv) {
   }
   args.nranks = nranks_;
   args.rank = rank_;
+  args.host_of_rank = host_of_rank_;
   SubOp sub{args, {s, r}, 0};
   if (group_depth_ > 0) {
     group_subs_.push_back(std::move(sub));
@@ -199,17 +209,21 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   for (const Algorithm* algo : algorithms_for(a.coll))
     if (algo->supports(a).is_ok()) available.push_back(algo->name);
   std::string chosen;
+  CollArgs args = a;
   const size_t bytes = a.count * dtype_size(a.dt);
   if (tuner_ && !available.empty()) {
     auto sel = tuner_->select(a.coll, bytes, a.nranks, available);
     if (sel.is_ok()) {
       chosen = sel->algorithm;
+      // The model's pipelining chunk, unless LOOM_CHUNK_BYTES pins one.
+      if (sel->chunk_bytes && !env_raw("LOOM_CHUNK_BYTES"))
+        args.chunk_elems = std::max<size_t>(1, sel->chunk_bytes / dtype_size(a.dt));
       LOOM_INFO(kLogTune, "{} rank {}: {} {} B -> {} ({}, predicted {:.1f} us{})", name_, rank_, collective_name(a.coll),
                 bytes, chosen, sel->source, sel->predicted_us,
                 sel->runner_up.empty() ? "" : fmt::format(", runner-up {} {:.1f} us", sel->runner_up, sel->runner_up_us));
     }
   }
-  LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(a, chosen));
+  LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(args, chosen));
   if (schedule_cache_.size() > 512) schedule_cache_.clear();
   auto [pos, _] = schedule_cache_.emplace(key, std::move(s));
   return &pos->second;

@@ -97,6 +97,7 @@ class CommImpl {
   int group_p2p_index_ = -1;  // position of the merged p2p sub-op in group_subs_
 
   std::map<std::string, RankSchedule> schedule_cache_;  // engine thread only
+  std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
 };
 
 }  // namespace detail

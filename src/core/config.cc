@@ -23,6 +23,11 @@ std::vector<ParamInfo>& registry() {
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv, one copy instead of two); 0 disables."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
+      {"LOOM_TUNE_ALPHA_US", "double", "",
+       "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
+       "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
+      {"LOOM_TUNE_BW_GBPS", "double", "", "Cost model calibration: measured bandwidth (GB/s) between ring neighbours."},
+      {"LOOM_TUNE_REDUCE_GBPS", "double", "", "Cost model calibration: measured reduction throughput (GB/s)."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_HOST_ID", "string", "",

@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::array<const char*, kNumAlgoKinds> kNames = {
     "ring", "chain", "tree", "binomial", "hypercube", "rabenseifner",
-    "bruck", "direct", "two_shot", "pairwise", "scatter_allgather", "p2p"};
+    "bruck", "direct", "two_shot", "pairwise", "scatter_allgather", "p2p", "hierarchical"};
 
 int ceil_log2(int p) {
   int l = 0;
@@ -90,7 +90,8 @@ std::optional<AlgoKind> parse_algo(std::string_view name, Collective coll) {
   if (l == "recursive_doubling") l = "hypercube";
   if (l == "double_binary_tree") l = "tree";
   if (l == "one_shot") l = "direct";
-  if (l == "halving_doubling") l = "rabenseifner";
+  if (l == "halving_doubling" || l == "recursive_halving") l = "rabenseifner";
+  if (l == "double_tree") l = "tree";
   if (l == "ring" && (coll == Collective::kBroadcast || coll == Collective::kReduce)) l = "chain";
   for (int i = 0; i < kNumAlgoKinds; ++i) {
     if (l == kNames[static_cast<size_t>(i)]) return static_cast<AlgoKind>(i);
@@ -102,7 +103,8 @@ std::vector<AlgoKind> algos_for(Collective coll) {
   using A = AlgoKind;
   switch (coll) {
     case Collective::kAllReduce:
-      return {A::kRing, A::kTree, A::kBinomial, A::kHypercube, A::kRabenseifner, A::kDirect, A::kTwoShot};
+      return {A::kRing,         A::kTree,   A::kBinomial, A::kHypercube,
+              A::kRabenseifner, A::kDirect, A::kTwoShot,  A::kHierarchical};
     case Collective::kReduceScatter: return {A::kRing, A::kRabenseifner, A::kDirect, A::kPairwise};
     case Collective::kAllGather: return {A::kRing, A::kHypercube, A::kBruck, A::kDirect};
     case Collective::kBroadcast: return {A::kChain, A::kTree, A::kBinomial, A::kScatterAllgather, A::kDirect};
@@ -174,9 +176,10 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           t += fold_cost(x, true, true);
           break;
         case AlgoKind::kRabenseifner:
-          // Halving near-first (distance 1 carries n/2), doubling mirrored.
+          // Halving far-first (hypercube.cc: core c ends owning block c), so
+          // step j moves n/2^j over distance 2^(L2-j); doubling mirrored.
           for (int j = 1; j <= L2; ++j) {
-            LinkCost l = x.lvl(j - 1);
+            LinkCost l = x.lvl(L2 - j);
             double m = n / std::ldexp(1.0, j);
             t += 2 * (l.alpha_us + m * l.beta_us_per_byte) + m * x.g();
           }
@@ -190,6 +193,19 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           t = 2 * x.direct_alpha() + 2 * (pp - 1) / pp * n * x.direct_beta() + (pp - 1) / pp * n * x.g();
           block_chunk();
           break;
+        case AlgoKind::kHierarchical: {
+          // Binomial reduce + broadcast inside a host of q ranks, recursive
+          // doubling (with fold) among the H leaders over the worst link. On
+          // one host it is binomial reduce + broadcast, which recursive
+          // doubling always beats, so it is never chosen there.
+          const int H = std::max(c.nhosts, 1), q = (p + H - 1) / H;
+          LinkCost in = c.intra.alpha_us > 0 ? c.intra : x.lvl(0), out = x.all();
+          const int lq = ceil_log2(q), lh = ceil_log2(floor_pow2(H));
+          t = lq * (2 * (in.alpha_us + n * in.beta_us_per_byte) + n * x.g());
+          t += lh * (out.alpha_us + n * out.beta_us_per_byte + n * x.g());
+          if (!is_pow2(H)) t += 2 * (out.alpha_us + n * out.beta_us_per_byte) + n * x.g();
+          break;
+        }
         default: return std::nullopt;
       }
       break;
@@ -227,9 +243,10 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           break;
         }
         case AlgoKind::kHypercube:
-          // Far-first: the distance-1 partner receives the largest piece (n/2).
+          // Near-first (hypercube.cc keeps each exchange one contiguous
+          // range): step j moves 2^(j-1) blocks over distance 2^(j-1).
           for (int j = 1; j <= L; ++j) {
-            LinkCost l = x.lvl(L - j);
+            LinkCost l = x.lvl(j - 1);
             t += l.alpha_us + n * std::ldexp(1.0, j - 1) / pp * l.beta_us_per_byte;
           }
           break;

@@ -36,12 +36,14 @@ enum class AlgoKind {
   kPairwise,          // p-1 pairwise exchanges
   kScatterAllgather,  // van de Geijn broadcast: binomial scatter + ring all-gather
   kP2p,               // send/recv
+  kHierarchical,      // reduce inside hosts, allreduce across hosts, broadcast inside
 };
-inline constexpr int kNumAlgoKinds = 12;
+inline constexpr int kNumAlgoKinds = 13;
 
 const char* algo_name(AlgoKind a);
 // Accepts the names above and aliases: recursive_doubling, double_binary_tree,
-// one_shot, halving_doubling; "ring" for broadcast/reduce means the chain.
+// one_shot, halving_doubling, recursive_halving, double_tree; "ring" for
+// broadcast/reduce means the chain.
 std::optional<AlgoKind> parse_algo(std::string_view name, Collective coll);
 bool algo_supports(AlgoKind a, Collective coll);
 // Every algorithm the model knows for a collective, in a stable order.
@@ -64,6 +66,8 @@ struct CommCost {
   int max_channels = 1;
   size_t min_chunk_bytes = 4096;
   size_t min_bytes_per_channel = 128 * 1024;
+  int nhosts = 1;               // hosts spanned (hierarchical algorithms)
+  LinkCost intra;               // worst pair inside a host (hierarchical)
 };
 
 struct Estimate {

@@ -53,6 +53,14 @@ Result<std::unique_ptr<Tuner>> Tuner::from_env(TopoGraph graph, int nranks, Tune
   if (const char* cal = std::getenv("LOOM_TUNE_CALIBRATE"); cal != nullptr && std::strcmp(cal, "1") == 0) {
     t->set_calibration_requested(true);
   }
+  // Measured parameters (perf-tests/algo_sweep.sh fits them) replace the topology's.
+  const char* alpha = std::getenv("LOOM_TUNE_ALPHA_US");
+  const char* bw = std::getenv("LOOM_TUNE_BW_GBPS");
+  const char* red = std::getenv("LOOM_TUNE_REDUCE_GBPS");
+  if (alpha != nullptr && *alpha != '\0' && bw != nullptr && *bw != '\0') {
+    Status st = t->calibrate(std::atof(alpha), std::atof(bw), red != nullptr ? std::atof(red) : 0.0);
+    if (!st.is_ok()) return st.with_context("LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS");
+  }
   if (const char* path = std::getenv("LOOM_TUNER_PLUGIN"); path != nullptr && *path != '\0') {
     RankTopology rt = map_ranks(t->graph_, nranks, options.ranks_per_host);
     LOOM_RETURN_IF_ERROR(t->load_plugin(path, nranks, rt.nhosts));
@@ -110,6 +118,12 @@ CommCost Tuner::derive_cost(int nranks) const {
   c.max_channels = gpu ? 32 : 4;
   // Many messages through one NIC overlap less than through memory.
   c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.2;
+  c.nhosts = std::max(rt.nhosts, 1);
+  for (int i = 0; i < p; ++i) {
+    for (int j = 0; j < p; ++j) {
+      if (i != j && rt.ranks[static_cast<size_t>(i)].host == rt.ranks[static_cast<size_t>(j)].host) worst(c.intra, pair(i, j));
+    }
+  }
 
   if (cal_alpha_us_ && c.ring.alpha_us > 0) {
     double sa = *cal_alpha_us_ / c.ring.alpha_us;
@@ -120,6 +134,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     };
     scale(c.ring);
     scale(c.all);
+    scale(c.intra);
     for (LinkCost& l : c.level) scale(l);
   }
   if (cal_gamma_) c.gamma_us_per_byte = 1.0 / (*cal_gamma_ * 1e3);

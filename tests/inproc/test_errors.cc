@@ -84,10 +84,16 @@ TEST_F(Errors, MissingPeerTimesOutNamingIt) {
   ASSERT_FALSE(w2.is_ok());
   EXPECT_NE(w2.status().message().find("failed earlier"), std::string::npos);
   EXPECT_FALSE((*c)[0]->async_error().is_ok());
-  // Rank 1 learns of rank 0's failure instead of hanging.
-  auto w3 = (*c)[1]->allreduce(x, x, 1024, DataType::kFloat32, RedOp::kSum);
-  ASSERT_TRUE(w3.is_ok());
-  Status st3 = w3->wait();
+  // Rank 1 learns of rank 0's failure instead of hanging. Its first allreduce
+  // may still complete from data rank 0 sent before giving up (eager FIFOs;
+  // which step that is depends on the algorithm the tuner picks); at the
+  // latest the next one must fail, naming rank 0.
+  Status st3;
+  for (int i = 0; i < 2 && st3.is_ok(); ++i) {
+    auto w3 = (*c)[1]->allreduce(x, x, 1024, DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(w3.is_ok());
+    st3 = w3->wait();
+  }
   EXPECT_EQ(st3.code(), StatusCode::kRemoteError) << st3.to_string();
   EXPECT_NE(st3.message().find("rank 0 failed"), std::string::npos) << st3.to_string();
 }

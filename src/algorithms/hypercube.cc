@@ -1,0 +1,242 @@
+// Hypercube family: recursive doubling allreduce and all_gather, recursive
+// halving reduce_scatter, Rabenseifner allreduce (halving reduce-scatter then
+// doubling all-gather) and Bruck all_gather.
+//
+// Non-power-of-two rank counts use the fold of patterns.h (MPICH's variant:
+// the first 2e ranks pair up, the even one hands its data to the odd one
+// before the power-of-two core runs and gets its result back afterwards).
+// We chose it over Rabenseifner's 3-2 elimination or a Bruck-style
+// dissemination because it is the simplest correct one, costs two extra
+// messages of the full size only on the 2e folded ranks, and keeps every
+// core's data a contiguous range of blocks (one message per exchange).
+//
+// Direction: ranges must stay contiguous, so recursive doubling (all-gather)
+// goes near-first (distance 1, 2, 4 ...) and recursive halving goes
+// far-first (distance p/2, p/4 ...), ending with core c owning block c.
+//
+// Determinism: recursive doubling allreduce combines partners as
+// (lower rank) OP (higher rank) on both sides (patterns.h), so every rank
+// returns identical bits; halving-based algorithms reduce each block on one
+// owner in a fixed order and then copy it, which gives the same guarantee.
+#include <algorithm>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/patterns.h"
+
+namespace loom {
+namespace {
+
+using namespace patterns;
+
+// First original member covered by core number c (c == p2 gives n).
+int first_member_or_end(const Fold& f, int c) { return c >= f.p2 ? f.n : f.first_member(c); }
+
+}  // namespace
+
+Result<RankSchedule> hypercube_allreduce(const CollArgs& a) {
+  const int n = a.nranks;
+  if (n == 1) {
+    RankSchedule s = local_only(a, a.count, "hypercube");
+    return s;
+  }
+  RankSchedule s;
+  s.algorithm = "hypercube";
+  if (a.count == 0) return s;
+  s.scratch_count = a.count;
+  emit_recursive_doubling_allreduce(s, iota_group(n), a.rank, {kBufSend, 0}, {kBufRecv, 0}, {kBufScratch, 0}, a.count,
+                                    a.op == RedOp::kAvg);
+  return s;
+}
+
+Result<RankSchedule> hypercube_all_gather(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "hypercube";
+  if (c == 0) return s;
+  const Fold f = make_fold(n);
+  const BufRef own{kBufRecv, r * c};
+  if (f.is_extra(r)) {
+    Phase p;
+    p.steps.push_back(copy_step({kBufSend, 0}, own, c));
+    p.steps.push_back(send_step(r + 1, {kBufSend, 0}, c));
+    push_phase(s, std::move(p));
+    Phase q;
+    q.steps.push_back(recv_step(r + 1, {kBufRecv, 0}, n * c));
+    push_phase(s, std::move(q));
+    return s;
+  }
+  Phase first;
+  first.steps.push_back(copy_step({kBufSend, 0}, own, c));
+  if (r < 2 * f.extra) first.steps.push_back(recv_step(r - 1, {kBufRecv, (r - 1) * c}, c));
+  push_phase(s, std::move(first));
+  const int core = f.core_of(r);
+  for (int mask = 1; mask < f.p2; mask *= 2) {
+    const int base = core & ~(mask - 1), pbase = (core ^ mask) & ~(mask - 1);
+    const int peer = f.member_of(core ^ mask);
+    const size_t lo = first_member_or_end(f, base), hi = first_member_or_end(f, base + mask);
+    const size_t plo = first_member_or_end(f, pbase), phi = first_member_or_end(f, pbase + mask);
+    Phase p;
+    p.steps.push_back(send_step(peer, {kBufRecv, lo * c}, (hi - lo) * c));
+    p.steps.push_back(recv_step(peer, {kBufRecv, plo * c}, (phi - plo) * c));
+    push_phase(s, std::move(p));
+  }
+  if (r < 2 * f.extra) {
+    Phase p;
+    p.steps.push_back(send_step(r - 1, {kBufRecv, 0}, n * c));
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+Result<RankSchedule> halving_reduce_scatter(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  if (n == 1) return local_only(a, c, "rabenseifner");
+  RankSchedule s;
+  s.algorithm = "rabenseifner";
+  if (c == 0) return s;
+  const Fold f = make_fold(n);
+  const bool avg = a.op == RedOp::kAvg;
+  if (f.is_extra(r)) {
+    Phase p;
+    p.steps.push_back(send_step(r + 1, {kBufSend, 0}, n * c));
+    push_phase(s, std::move(p));
+    Phase q;
+    q.steps.push_back(recv_step(r + 1, {kBufRecv, 0}, c));
+    push_phase(s, std::move(q));
+    return s;
+  }
+  // W: the working copy of all n blocks (partial sums of the current range).
+  const BufRef w{kBufScratch, 0};
+  s.scratch_count = n * c;
+  BufRef cur{kBufSend, 0};
+  Phase pending;
+  if (r < 2 * f.extra) {
+    Phase p;
+    p.steps.push_back(recv_step(r - 1, w, n * c));
+    push_phase(s, std::move(p));
+    pending.steps.push_back(reduce_step(w, {kBufSend, 0}, w, n * c));  // lower rank's data on the left
+    cur = w;
+  }
+  const int core = f.core_of(r);
+  for (int mask = f.p2 / 2; mask >= 1; mask /= 2) {
+    const int base = core & ~(2 * mask - 1);
+    const bool upper = core & mask;
+    const int keep_lo = upper ? base + mask : base, give_lo = upper ? base : base + mask;
+    const size_t k0 = first_member_or_end(f, keep_lo), k1 = first_member_or_end(f, keep_lo + mask);
+    const size_t g0 = first_member_or_end(f, give_lo), g1 = first_member_or_end(f, give_lo + mask);
+    const int peer = f.member_of(core ^ mask);
+    Phase p = std::move(pending);
+    pending = Phase{};
+    p.steps.push_back(send_step(peer, at(cur, g0 * c), (g1 - g0) * c));
+    p.steps.push_back(recv_reduce_step(peer, at(cur, k0 * c), at(w, k0 * c), (k1 - k0) * c));
+    push_phase(s, std::move(p));
+    cur = w;
+  }
+  // cur now holds the finished block(s) of this core's member(s).
+  pending.steps.push_back(copy_step(at(cur, r * c), {kBufRecv, 0}, c));
+  if (avg) pending.steps.push_back(divide_step({kBufRecv, 0}, c));
+  if (r < 2 * f.extra) {
+    if (avg) pending.steps.push_back(divide_step(at(w, (r - 1) * c), c));
+    pending.steps.push_back(send_step(r - 1, at(w, (r - 1) * c), c));
+  }
+  push_phase(s, std::move(pending));
+  return s;
+}
+
+Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  if (n == 1) return local_only(a, a.count, "rabenseifner");
+  RankSchedule s;
+  s.algorithm = "rabenseifner";
+  if (a.count == 0) return s;
+  const Fold f = make_fold(n);
+  const BufRef out{kBufRecv, 0};
+  if (f.is_extra(r)) {
+    Phase p;
+    p.steps.push_back(send_step(r + 1, {kBufSend, 0}, a.count));
+    push_phase(s, std::move(p));
+    Phase q;
+    q.steps.push_back(recv_step(r + 1, out, a.count));
+    push_phase(s, std::move(q));
+    return s;
+  }
+  // The vector is cut into p2 blocks; core c ends the halving owning block c.
+  auto boff = [&](int b) { return block_offset(a.count, f.p2, b); };
+  auto bend = [&](int b) { return b >= f.p2 ? a.count : block_offset(a.count, f.p2, b); };
+  BufRef cur{kBufSend, 0};
+  Phase pending;
+  if (r < 2 * f.extra) {
+    s.scratch_count = a.count;
+    Phase p;
+    p.steps.push_back(recv_step(r - 1, {kBufScratch, 0}, a.count));
+    push_phase(s, std::move(p));
+    pending.steps.push_back(reduce_step({kBufScratch, 0}, {kBufSend, 0}, out, a.count));
+    cur = out;
+  }
+  const int core = f.core_of(r);
+  for (int mask = f.p2 / 2; mask >= 1; mask /= 2) {
+    const int base = core & ~(2 * mask - 1);
+    const bool upper = core & mask;
+    const int keep_lo = upper ? base + mask : base, give_lo = upper ? base : base + mask;
+    const int peer = f.member_of(core ^ mask);
+    Phase p = std::move(pending);
+    pending = Phase{};
+    const size_t g0 = boff(give_lo), g1 = bend(give_lo + mask), k0 = boff(keep_lo), k1 = bend(keep_lo + mask);
+    if (g1 > g0) p.steps.push_back(send_step(peer, at(cur, g0), g1 - g0));
+    if (k1 > k0) p.steps.push_back(recv_reduce_step(peer, at(cur, k0), at(out, k0), k1 - k0));
+    push_phase(s, std::move(p));
+    cur = out;
+  }
+  if (a.op == RedOp::kAvg && bend(core + 1) > boff(core))
+    pending.steps.push_back(divide_step(at(out, boff(core)), bend(core + 1) - boff(core)));
+  // All-gather by doubling, the mirror image of the halving.
+  for (int mask = 1; mask < f.p2; mask *= 2) {
+    const int mine = core & ~(mask - 1), theirs = (core ^ mask) & ~(mask - 1);
+    const int peer = f.member_of(core ^ mask);
+    Phase p = std::move(pending);
+    pending = Phase{};
+    const size_t m0 = boff(mine), m1 = bend(mine + mask), t0 = boff(theirs), t1 = bend(theirs + mask);
+    if (m1 > m0) p.steps.push_back(send_step(peer, at(out, m0), m1 - m0));
+    if (t1 > t0) p.steps.push_back(recv_step(peer, at(out, t0), t1 - t0));
+    push_phase(s, std::move(p));
+  }
+  if (r < 2 * f.extra) pending.steps.push_back(send_step(r - 1, out, a.count));
+  push_phase(s, std::move(pending));
+  return s;
+}
+
+Result<RankSchedule> bruck_all_gather(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "bruck";
+  if (c == 0) return s;
+  // Block b of the output lives at recv + b*c; Bruck's "position j" is block
+  // (r + j) mod n. A run of positions is at most two runs of blocks (split at
+  // the wrap), and sender and receiver split the same block run the same way.
+  auto add_run = [&](Phase& p, bool send, int peer, int first_block, int nblocks) {
+    int b0 = first_block, len1 = std::min(nblocks, n - b0);
+    int runs[2][2] = {{b0, len1}, {0, nblocks - len1}};
+    for (auto& run : runs) {
+      if (run[1] <= 0) continue;
+      BufRef ref{kBufRecv, static_cast<size_t>(run[0]) * c};
+      size_t cnt = static_cast<size_t>(run[1]) * c;
+      p.steps.push_back(send ? send_step(peer, ref, cnt) : recv_step(peer, ref, cnt));
+    }
+  };
+  Phase first;
+  first.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
+  if (n == 1) push_phase(s, std::move(first));
+  for (int dist = 1; dist < n; dist *= 2) {
+    Phase p = dist == 1 ? std::move(first) : Phase{};
+    const int cnt = std::min(dist, n - dist);
+    add_run(p, true, mod(r - dist, n), r, cnt);
+    add_run(p, false, mod(r + dist, n), mod(r + dist, n), cnt);
+    push_phase(s, std::move(p));
+  }
+  return s;
+}
+
+}  // namespace loom

@@ -1,0 +1,111 @@
+// Reusable rank arithmetic and step builders for the schedule generators
+// (in the spirit of UCC's coll_patterns): binary trees, binomial trees,
+// the power-of-two fold used by the recursive (hypercube) algorithms, and
+// group-relative emitters that the flat generators and the hierarchical
+// composition share.
+//
+// A "group" is an ordered list of communicator ranks; emitters address peers
+// as group[i] and append phases to a RankSchedule, so the same code runs over
+// the whole communicator (group = 0..n-1) or over the ranks of one host.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "algorithms/schedule.h"
+
+namespace loom::patterns {
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+inline int floor_pow2(int p) {
+  int v = 1;
+  while (v * 2 <= p) v *= 2;
+  return v;
+}
+inline int log2_exact(int p) {
+  int l = 0;
+  while ((1 << l) < p) ++l;
+  return l;
+}
+
+Step send_step(int peer, BufRef src, size_t count);
+Step recv_step(int peer, BufRef dst, size_t count);
+Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count);
+Step copy_step(BufRef src, BufRef dst, size_t count);
+Step reduce_step(BufRef left, BufRef right, BufRef dst, size_t count);  // dst = left OP right
+Step divide_step(BufRef dst, size_t count);
+inline BufRef at(BufRef b, size_t off) { return {b.buf, b.offset + off}; }
+
+// Appends p if it has steps (empty phases are noise in the recorder).
+void push_phase(RankSchedule& s, Phase&& p);
+
+// Single-rank schedule: recv = send unless in place.
+RankSchedule local_only(const CollArgs& a, size_t count, const char* name);
+
+// Pipelining chunk (elements) from args or LOOM_CHUNK_BYTES.
+size_t chunk_elems(const CollArgs& a);
+
+std::vector<int> iota_group(int n);
+
+// A binary tree over positions 0..n-1 rooted at position 0, as in NCCL's
+// btree: leaves are the odd positions, so a second tree whose positions are
+// mirrored (odd n) or shifted by one (even n) makes (almost) every leaf of one
+// tree an interior node of the other, and each rank sends about as much as in
+// a ring. Depth is ceil(log2 n).
+struct TreeNode {
+  int parent = -1;           // position, -1 at the root
+  int child[2] = {-1, -1};   // positions, -1 = none; child[0] < position < child[1]
+  int depth = 0;
+};
+TreeNode btree_node(int n, int pos);
+int btree_depth(int n);  // the largest depth of any position
+
+// Fold of a non-power-of-two group for recursive algorithms (MPICH's variant,
+// Thakur/Rabenseifner/Gropp 2005): with p2 = floor_pow2(n) and e = n - p2,
+// the first 2e members pair up (2i, 2i+1); the even one ("extra") hands its
+// data to the odd one and sits out; the p2 remaining members ("core") are
+// renumbered 0..p2-1 in rank order. We fold the *first* 2e members rather
+// than the last so that core numbers stay monotone in rank (the canonical
+// operand order below relies on it) and each core member covers a contiguous
+// range of original members (all_gather / reduce_scatter blocks stay contiguous).
+struct Fold {
+  int n = 1, p2 = 1, extra = 0;
+  bool is_extra(int i) const { return i < 2 * extra && i % 2 == 0; }
+  // Core number of member i (-1 for an extra member).
+  int core_of(int i) const { return is_extra(i) ? -1 : (i < 2 * extra ? i / 2 : i - extra); }
+  // Member of core number c.
+  int member_of(int c) const { return c < extra ? 2 * c + 1 : c + extra; }
+  // First original member covered by core number c, and how many (1 or 2).
+  int first_member(int c) const { return c < extra ? 2 * c : c + extra; }
+  int members(int c) const { return c < extra ? 2 : 1; }
+};
+inline Fold make_fold(int n) {
+  Fold f;
+  f.n = n;
+  f.p2 = floor_pow2(n);
+  f.extra = n - f.p2;
+  return f;
+}
+
+// Binomial broadcast of count elements at `buf` from group[root] (buf holds
+// the data on the root; every other member receives into buf).
+void emit_binomial_bcast(RankSchedule& s, const std::vector<int>& group, int root, int me, BufRef buf, size_t count);
+
+// Binomial reduce to group[root]: every member contributes `src`; the result
+// lands in `acc` of the root. Non-root members with children also use their
+// `acc` as a partial-sum buffer (pass scratch there). Operands are combined
+// as (lower relative position) OP (higher), in a fixed order: deterministic.
+void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int root, int me, BufRef src, BufRef acc,
+                          size_t count);
+
+// Recursive-doubling allreduce over the group with the fold above: result in
+// `dst` on every member (src may equal dst); `tmp` must hold count elements;
+// divide_result applies kDivide (RedOp::kAvg) once, before the result is
+// handed back to the folded members.
+// Partners combine as (lower rank) OP (higher rank) through tmp and a local
+// reduce, so both partners compute the same expression and every member ends
+// with identical bits.
+void emit_recursive_doubling_allreduce(RankSchedule& s, const std::vector<int>& group, int me, BufRef src, BufRef dst,
+                                       BufRef tmp, size_t count, bool divide_result);
+
+}  // namespace loom::patterns

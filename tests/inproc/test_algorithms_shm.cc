@@ -1,0 +1,113 @@
+// Every tree / hypercube / direct / pairwise / hierarchical algorithm over the
+// real shared-memory transport (ranks as threads), forced with LOOM_ALGO:
+// the correctness matrix of its collective (every dtype x op x count x
+// in/out-of-place) plus a multi-chunk case, for 2, 3 and 5 ranks.
+// LOOM_CHUNK_BYTES is lowered so the pipelined trees run many chunks.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "algorithms/algorithms.h"
+#include "common/test_util.h"
+#include "topology/discover.h"
+#include "topology/tuner.h"
+
+namespace loom {
+namespace {
+
+struct Forced {
+  const char* spec;  // LOOM_ALGO value
+  Collective coll;
+  const char* name;  // the registry name the engine must end up running
+};
+
+const Forced kForced[] = {
+    {"allreduce:tree", Collective::kAllReduce, "tree"},
+    {"allreduce:recursive_doubling", Collective::kAllReduce, "hypercube"},
+    {"allreduce:rabenseifner", Collective::kAllReduce, "rabenseifner"},
+    {"allreduce:one_shot", Collective::kAllReduce, "direct"},
+    {"allreduce:two_shot", Collective::kAllReduce, "two_shot"},
+    {"allreduce:hierarchical", Collective::kAllReduce, "hierarchical"},
+    {"reduce_scatter:recursive_halving", Collective::kReduceScatter, "rabenseifner"},
+    {"all_gather:hypercube", Collective::kAllGather, "hypercube"},
+    {"all_gather:bruck", Collective::kAllGather, "bruck"},
+    {"broadcast:tree", Collective::kBroadcast, "tree"},
+    {"broadcast:binomial", Collective::kBroadcast, "binomial"},
+    {"reduce:tree", Collective::kReduce, "tree"},
+    {"reduce:binomial", Collective::kReduce, "binomial"},
+    {"all_to_all:pairwise", Collective::kAllToAll, "pairwise"},
+};
+
+class ForcedAlgorithm : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ForcedAlgorithm, Matrix) {
+  const Forced& f = kForced[std::get<0>(GetParam())];
+  const int n = std::get<1>(GetParam());
+  ASSERT_EQ(setenv("LOOM_ALGO", f.spec, 1), 0);
+  ASSERT_EQ(setenv("LOOM_CHUNK_BYTES", "8K", 1), 0);
+
+  // The engine's choice goes through the same tuner path: LOOM_ALGO must win
+  // over the model for this collective at every size we run (otherwise the
+  // matrix below would silently test the default algorithm).
+  auto topo = topo::load_system_topology();
+  ASSERT_TRUE(topo.is_ok()) << topo.status().to_string();
+  auto tuner = topo::Tuner::from_env(topo->graph, n);
+  ASSERT_TRUE(tuner.is_ok()) << tuner.status().to_string();
+  std::vector<std::string> names;
+  for (const Algorithm* a : algorithms_for(f.coll)) names.emplace_back(a->name);
+  for (size_t bytes : {size_t{4}, size_t{4092}, size_t{1200004}}) {
+    auto sel = (*tuner)->select(f.coll, bytes, n, names);
+    ASSERT_TRUE(sel.is_ok());
+    EXPECT_EQ(sel->algorithm, f.name) << f.spec << " at " << bytes << " B";
+    EXPECT_EQ(sel->source, "LOOM_ALGO");
+  }
+
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<testing::Case> cases;
+  for (const auto& c : testing::correctness_matrix(n, /*include_big=*/false))
+    if (c.coll == f.coll) cases.push_back(c);
+  // Many chunks of 8 KiB: pipelining, uneven halves and blocks.
+  for (RedOp op : {RedOp::kSum, RedOp::kAvg}) {
+    testing::Case big;
+    big.coll = f.coll;
+    big.count = 300001;
+    big.op = op;
+    big.root = n - 1;
+    big.in_place = op == RedOp::kAvg;
+    cases.push_back(big);
+  }
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      for (const auto& c : cases) {
+        Status st = testing::run_case(*(*comms)[r], c);
+        if (!st.is_ok()) {
+          errors[r] = c.name() + ": " + st.to_string();
+          (*comms)[r]->abort("test failure on this rank");
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << f.spec << " rank " << r;
+  for (auto& c : *comms) EXPECT_TRUE(c->destroy().is_ok());
+  unsetenv("LOOM_ALGO");
+  unsetenv("LOOM_CHUNK_BYTES");
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kForced))),
+                                            ::testing::Values(2, 3, 5)),
+                         [](const auto& info) {
+                           std::string s = kForced[std::get<0>(info.param)].spec;
+                           for (char& ch : s)
+                             if (ch == ':') ch = '_';
+                           return s + "_n" + std::to_string(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace loom
