@@ -64,6 +64,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO / LOOM_TUNER_PLUGIN)");
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
+  LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
             c->transport_->name(), c->timeout_s_);
@@ -183,7 +184,11 @@ Result<Work> CommImpl::group_end() {
 
 Result<Work> CommImpl::enqueue(Op op) {
   op.work = std::make_shared<WorkState>();
-  for (auto& s : op.subs) s.seq = next_seq_++;
+  for (auto& s : op.subs) {
+    s.seq = next_seq_++;
+    if (s.args.coll != Collective::kSendRecv) s.coll_seq = next_coll_seq_++;
+    recorder_->on_enqueue(s.seq, s.coll_seq, s.args);  // diag
+  }
   Work w(op.work);
   if (op.subs.empty()) {
     op.work->complete(Status::ok());
@@ -241,6 +246,24 @@ Status CommImpl::run_sub(SubOp& s) {
     LOOM_ASSIGN_OR_RETURN(sched, schedule_for(a));
   }
   exec_->progress().seq.store(s.seq, std::memory_order_relaxed);
+  // ---- diag: recorder state and this op's fingerprint
+  recorder_->on_start(s.seq, sched->algorithm, static_cast<int>(sched->phases.size()));
+  running_since_ns_.store(diag::now_ns(), std::memory_order_relaxed);
+  running_seq_.store(s.seq + 1, std::memory_order_release);
+  fingerprint_.set(&s.args, s.seq, s.coll_seq);
+  exec_->set_fingerprint(fingerprints_ ? &fingerprint_ : nullptr);
+  struct EndRecord {  // on every return path below
+    CommImpl* c;
+    uint64_t seq;
+    bool ok = false;
+    ~EndRecord() {
+      c->recorder_->on_end(seq, ok);
+      c->last_failed_.store(!ok, std::memory_order_relaxed);
+      c->last_seq_.store(seq + 1, std::memory_order_relaxed);
+      c->running_seq_.store(0, std::memory_order_release);
+    }
+  } end_record{this, s.seq};
+  // ---- end diag
   // The op's name is only formatted when needed (errors), not per call.
   std::string what;
   Status st = exec_->run(*sched, s.bufs, a.dt, a.op, deadline, "");
@@ -255,15 +278,21 @@ Status CommImpl::run_sub(SubOp& s) {
                              : "");
     return Status(st.code(), what + st.message());
   }
+  end_record.ok = true;  // diag
   return st;
 }
 
 void CommImpl::fail(const Status& st) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (failed_.is_ok()) failed_ = st;
+    if (failed_.is_ok()) {
+      failed_ = st;
+      first = true;
+    }
   }
   if (transport_) transport_->announce_abort(st.to_string());
+  if (first) diag_on_failure(st);  // dump (coordinated when this rank saw the problem first)
 }
 
 void CommImpl::engine_main() {
@@ -300,6 +329,7 @@ void CommImpl::abort(const std::string& reason) {
 
 Status CommImpl::destroy() {
   if (destroyed_.exchange(true)) return Status::ok();
+  if (diag_registered_.exchange(false)) diag::Hub::get().remove(this);  // no tick or snapshot after this
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;

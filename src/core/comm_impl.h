@@ -16,6 +16,9 @@
 #include "algorithms/schedule.h"
 #include "bootstrap/bootstrap.h"
 #include "core/executor.h"
+#include "diag/fingerprint.h"
+#include "diag/hub.h"
+#include "diag/recorder.h"
 #include "loom/comm.h"
 #include "topology/tuner.h"
 #include "transport/transport.h"
@@ -31,7 +34,7 @@ struct WorkState {
   void complete(Status st);
 };
 
-class CommImpl {
+class CommImpl final : public diag::DiagClient {
  public:
   static Result<std::unique_ptr<CommImpl>> create(const UidContents& uid, int nranks, int rank, const Config& cfg);
   ~CommImpl();
@@ -54,11 +57,16 @@ class CommImpl {
   Status async_error() const;
   Result<double> predict_us(Collective coll, size_t bytes) const;
 
+  // diag::DiagClient (defined in diag/comm_diag.cc)
+  nlohmann::json diag_state() override;
+  void diag_tick() override;
+
  private:
   struct SubOp {
     CollArgs args;
     std::vector<std::byte*> bufs;
     uint64_t seq = 0;
+    uint64_t coll_seq = 0;  // position among this comm's collectives (fingerprints)
   };
   struct Op {
     std::vector<SubOp> subs;
@@ -98,6 +106,23 @@ class CommImpl {
 
   std::map<std::string, RankSchedule> schedule_cache_;  // engine thread only
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
+
+  // ---- diagnostics (src/diag): flight recorder, fingerprints, watchdog state
+  Status diag_init(Deadline deadline);
+  void diag_on_failure(const Status& st);
+  std::unique_ptr<diag::FlightRecorder> recorder_;
+  diag::Fingerprint fingerprint_;  // engine thread only
+  bool fingerprints_ = true;
+  uint64_t next_coll_seq_ = 0;              // issuing thread only
+  std::atomic<uint64_t> running_seq_{0};    // seq + 1 of the op on the engine, 0 when none
+  std::atomic<int64_t> running_since_ns_{0};
+  std::atomic<uint64_t> last_seq_{0};       // seq + 1 of the last op the engine finished
+  std::atomic<bool> last_failed_{false};
+  std::atomic<bool> dumped_{false};
+  std::atomic<bool> diag_registered_{false};
+  int64_t last_idle_check_ns_ = 0;          // watchdog thread only
+  std::string comm_id_;
+  std::vector<std::string> peer_diag_addrs_;
 };
 
 }  // namespace detail

@@ -46,6 +46,20 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SOCKET_SOCKBUF", "bytes", "0",
        "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (which grows beyond what a fixed "
        "value below net.core.wmem_max can reach)."},
+      // Diagnostics (src/diag, accessors in diag/params.h).
+      {"LOOM_TRACE_BUFFER_SIZE", "int", "1024",
+       "Flight recorder: operations kept per communicator (ring buffer shown by live queries and dumps); 0 = off."},
+      {"LOOM_FINGERPRINT", "bool", "1",
+       "Prepend a 32-byte operation fingerprint to each op's first message to each peer, so mismatched calls "
+       "fail at once with both calls named (0 = off; every rank must agree)."},
+      {"LOOM_DUMP_DIR", "string", "",
+       "Directory for JSON diagnostic dumps (one file per rank, written on failure, timeout and SIGUSR1; read by "
+       "loom-doctor analyze). Unset: no dump files."},
+      {"LOOM_DIAG_ADDR", "string", "",
+       "host:port of the live query server (loom-doctor status). Unset: the bootstrap address with port 28950, "
+       "or an ephemeral port when taken; off = no server."},
+      {"LOOM_DUMP_ON_SIGUSR1", "bool", "1",
+       "Write a diagnostic dump when the process receives SIGUSR1 (only if the program has no SIGUSR1 handler)."},
       {"LOOM_LOOMRUN_GRACE", "double", "3", "loomrun: seconds to wait for the other ranks after one fails before killing them."},
   };
   return r;

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "core/config.h"
 
 namespace loom {
@@ -15,7 +17,11 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       abort_(abort),
       spin_(params::spin_count()),
       send_gate_(nranks, 0),
-      recv_gate_(nranks, 0) {}
+      recv_gate_(nranks, 0),
+      send_hdr_token_(nranks, 0),
+      recv_hdr_token_(nranks, 0),
+      hdr_out_(nranks),
+      hdr_in_(nranks) {}
 
 Executor::~Executor() { mem_->release(scratch_, scratch_bytes_); }
 
@@ -39,6 +45,8 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
     bufs[kBufScratch] = scratch_;
   }
   progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
+  ++op_token_;  // diag: a new op -> every peer's first message carries a fingerprint again
+  progress_.nslots.store(0, std::memory_order_relaxed);
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
     LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, deadline, what, i, sched.phases.size()));
@@ -66,6 +74,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         if (s.kind == StepKind::kSend) a.src = ptr(s.src);
         else a.dst = ptr(s.dst);
         if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
+        if (fp_) arm_fingerprint(a);  // diag
         active_.push_back(a);
       }
     }
@@ -87,6 +96,16 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
+        // ---- diag: the op's fingerprint goes out before its first bytes to this peer
+        if (a.hdr_left) {
+          send_fingerprint(a, moved);
+          if (a.hdr_left) {
+            send_gate_[s.peer] = iter_;
+            all_done = false;
+            continue;
+          }
+        }
+        // ---- end diag
         while (a.done < a.total) {
           size_t n = a.conn->send_some(a.src + a.done, a.total - a.done);
           if (n == 0) break;
@@ -102,6 +121,17 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
+        // ---- diag: consume and check the peer's fingerprint before its first bytes
+        if (a.hdr_left) {
+          Status fst = recv_fingerprint(a, moved, dt, op);
+          if (!fst.is_ok()) return Status(fst.code(), what + ": " + fst.message());
+          if (a.hdr_left) {
+            recv_gate_[s.peer] = iter_;
+            all_done = false;
+            continue;
+          }
+        }
+        // ---- end diag
         if (s.kind == StepKind::kRecv && mem_->host_accessible()) {
           // Plain receive: let the transport land bytes directly (single copy).
           while (a.done < a.total) {
@@ -144,6 +174,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         break;
       }
     progress_.waiting_peer.store(waiting->step->peer, std::memory_order_relaxed);
+    publish_progress();  // diag
     auto describe_wait = [&]() {
       return fmt::format("{}: phase {}/{} waiting on '{}' ({} of {} bytes done)", what, phase_index + 1, nphases,
                          describe(*waiting->step), waiting->done, waiting->total);
@@ -163,6 +194,84 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     transport_->wait_events(ev, std::min(left, std::chrono::microseconds(50000)));
     idle = spin_ / 2;  // after a wake-up, spin a little before sleeping again
   }
+}
+
+// ---- diag: fingerprints and recorder progress -----------------------------
+
+void Executor::arm_fingerprint(Active& a) {
+  const int p = a.step->peer;
+  if (a.step->kind == StepKind::kSend) {
+    if (send_hdr_token_[p] == op_token_) return;
+    send_hdr_token_[p] = op_token_;
+    if (hdr_out_[p].empty()) hdr_out_[p].resize(diag::kFingerprintBytes + kCoalesceBytes);
+    fp_->encode(p, a.step->count, hdr_out_[p].data());
+  } else {
+    if (recv_hdr_token_[p] == op_token_) return;
+    recv_hdr_token_[p] = op_token_;
+  }
+  // Both sides decide from the message size, which they agree on whenever
+  // their calls match (and when they do not, the header says so first).
+  a.coalesced = a.total <= kCoalesceBytes;
+  a.hdr_left = diag::kFingerprintBytes + (a.step->kind == StepKind::kSend && a.coalesced ? a.total : 0);
+}
+
+void Executor::send_fingerprint(Active& a, bool& moved) {
+  const int p = a.step->peer;
+  std::byte* stage = hdr_out_[p].data();
+  const size_t len = diag::kFingerprintBytes + (a.coalesced ? a.total : 0);
+  // Copied at the first attempt, after the phase's local steps ran.
+  if (a.coalesced && a.hdr_left == len) std::memcpy(stage + diag::kFingerprintBytes, a.src, a.total);
+  size_t n = a.conn->send_some(stage + (len - a.hdr_left), a.hdr_left);
+  a.hdr_left -= n;
+  moved = moved || n > 0;
+  if (a.coalesced && a.hdr_left == 0) a.done = a.total;
+}
+
+Status Executor::recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op) {
+  const int p = a.step->peer;
+  if (a.coalesced && a.hdr_left == diag::kFingerprintBytes) {
+    // Fast path: the whole small message is here and contiguous: check the
+    // header and land the data in one go (one consume, one doorbell).
+    const size_t len = diag::kFingerprintBytes + a.total;
+    auto span = a.conn->recv_peek(len);
+    if (span.size() == len) {
+      LOOM_RETURN_IF_ERROR(fp_->check(p, a.step->count, span.data()));
+      const std::byte* data = span.data() + diag::kFingerprintBytes;
+      if (a.step->kind == StepKind::kRecv) mem_->copy(a.dst, data, a.total);
+      else mem_->reduce(a.dst, a.src, data, a.total / dtype_size(dt), dt, op);
+      a.conn->recv_consume(len, len);
+      a.hdr_left = 0;
+      a.done = a.total;
+      moved = true;
+      return Status::ok();
+    }
+  }
+  while (a.hdr_left) {
+    // A coalesced message holds the header and then the data: the header
+    // is only the first part of what is left of it.
+    const size_t msg_remaining = a.hdr_left + (a.coalesced ? a.total : 0);
+    auto span = a.conn->recv_peek(msg_remaining);
+    if (span.empty()) return Status::ok();
+    const size_t k = std::min(span.size(), a.hdr_left);
+    std::memcpy(hdr_in_[p].data() + (diag::kFingerprintBytes - a.hdr_left), span.data(), k);
+    a.conn->recv_consume(k, msg_remaining);
+    a.hdr_left -= k;
+    moved = true;
+  }
+  return fp_->check(p, a.step->count, hdr_in_[p].data());
+}
+
+void Executor::publish_progress() {
+  int n = 0;
+  for (const Active& a : active_) {
+    if (n == ExecProgress::kMaxSlots) break;
+    auto& slot = progress_.slots[n++];
+    slot.peer.store(a.step->peer, std::memory_order_relaxed);
+    slot.kind.store(static_cast<int>(a.step->kind), std::memory_order_relaxed);
+    slot.done.store(a.done, std::memory_order_relaxed);
+    slot.total.store(a.total, std::memory_order_relaxed);
+  }
+  progress_.nslots.store(n, std::memory_order_release);
 }
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 // communicator's abort flag, with peers checked for death or abort while idle.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <string>
@@ -12,6 +13,7 @@
 #include "algorithms/schedule.h"
 #include "bootstrap/socket.h"
 #include "core/memory.h"
+#include "diag/fingerprint.h"
 #include "transport/transport.h"
 
 namespace loom {
@@ -22,6 +24,17 @@ struct ExecProgress {
   std::atomic<int> phase{-1};
   std::atomic<int> nphases{0};
   std::atomic<int> waiting_peer{-1};
+  // ---- diag (flight recorder): communication steps of the current phase,
+  // published only when the engine goes idle (never on the fast path).
+  struct StepSlot {
+    std::atomic<int> peer{-1};
+    std::atomic<int> kind{0};  // StepKind
+    std::atomic<uint64_t> done{0}, total{0};  // bytes
+  };
+  static constexpr int kMaxSlots = 8;
+  StepSlot slots[kMaxSlots];
+  std::atomic<int> nslots{0};
+  // ---- end diag
 };
 
 class Executor {
@@ -34,6 +47,9 @@ class Executor {
              const std::string& what);
 
   ExecProgress& progress() { return progress_; }
+  // ---- diag: in-band fingerprint of the next run() (nullptr = none); the
+  // object must stay valid during run().
+  void set_fingerprint(const diag::Fingerprint* fp) { fp_ = fp; }
   ~Executor();
 
  private:
@@ -44,10 +60,17 @@ class Executor {
     const std::byte* src;    // send source or recv_reduce local operand
     size_t total = 0;        // bytes
     size_t done = 0;
+    size_t hdr_left = 0;     // diag: fingerprint bytes still to send / receive first
+    bool coalesced = false;  // diag: header and data travel as one message (small data)
   };
   Status run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
                    const std::string& what, size_t phase_index, size_t nphases);
   Status ensure_scratch(size_t bytes);
+  // ---- diag: fingerprint header handling (see diag/fingerprint.h)
+  void arm_fingerprint(Active& a);
+  void send_fingerprint(Active& a, bool& moved);
+  Status recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op);
+  void publish_progress();
 
   int rank_, nranks_;
   Transport* transport_;
@@ -60,6 +83,15 @@ class Executor {
   std::vector<uint64_t> send_gate_, recv_gate_;
   uint64_t iter_ = 0;
   ExecProgress progress_;
+  // ---- diag: fingerprint state; tokens say which run() last used a peer's header
+  const diag::Fingerprint* fp_ = nullptr;
+  uint64_t op_token_ = 0;
+  std::vector<uint64_t> send_hdr_token_, recv_hdr_token_;
+  // Small first messages travel with the header as one message (one doorbell,
+  // one wake-up): header + up to kCoalesceBytes of data, staged per peer.
+  static constexpr size_t kCoalesceBytes = 4096;
+  std::vector<std::vector<std::byte>> hdr_out_;
+  std::vector<std::array<std::byte, diag::kFingerprintBytes>> hdr_in_;
 };
 
 }  // namespace loom

@@ -1,0 +1,126 @@
+#include "diag/fingerprint.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace loom::diag {
+namespace {
+
+constexpr uint32_t kMagic = 0x50464d4cu;  // "LMFP"
+constexpr uint8_t kVersion = 1;
+
+// Wire layout (little endian, 32 bytes):
+//   0 magic u32 | 4 version u8 | 5 coll u8 | 6 dtype u8 | 7 redop u8
+//   8 collective sequence u64 | 16 count u64 | 24 root or destination i32
+//  28 sender's op sequence (low 32 bits) u32
+struct Wire {
+  uint32_t magic;
+  uint8_t version, coll, dt, op;
+  uint64_t coll_seq;
+  uint64_t count;
+  int32_t root;
+  uint32_t seq;
+};
+static_assert(sizeof(Wire) == kFingerprintBytes);
+
+bool uses_op(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
+}
+bool uses_root(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
+
+}  // namespace
+
+const char* short_dtype_name(DataType dt) {
+  switch (dt) {
+    case DataType::kFloat16: return "fp16";
+    case DataType::kFloat32: return "fp32";
+    case DataType::kFloat64: return "fp64";
+    case DataType::kBfloat16: return "bf16";
+    default: return dtype_name(dt);
+  }
+}
+
+std::string describe_call(Collective coll, size_t count, DataType dt, RedOp op, int root) {
+  std::string args;
+  if (uses_op(coll)) args += fmt::format("{}, ", redop_name(op));
+  if (uses_root(coll)) args += fmt::format("root={}, ", root);
+  return fmt::format("{}({}{} x {})", collective_name(coll), args, count, short_dtype_name(dt));
+}
+
+void Fingerprint::encode(int peer, size_t step_count, std::byte* out) const {
+  const CollArgs& a = *args_;
+  Wire w{};
+  w.magic = kMagic;
+  w.version = kVersion;
+  w.coll = static_cast<uint8_t>(a.coll);
+  w.dt = static_cast<uint8_t>(a.dt);
+  w.op = static_cast<uint8_t>(a.op);
+  if (a.coll == Collective::kSendRecv) {
+    w.count = step_count;
+    w.root = peer;
+  } else {
+    w.coll_seq = coll_seq_;
+    w.count = a.count;
+    w.root = a.root;
+  }
+  w.seq = static_cast<uint32_t>(seq_);
+  std::memcpy(out, &w, sizeof(w));
+}
+
+std::string Fingerprint::describe_mine(int peer, size_t step_count, bool as_sender) const {
+  const CollArgs& a = *args_;
+  if (a.coll == Collective::kSendRecv)
+    return fmt::format("{}({} x {} {} rank {})", as_sender ? "send" : "recv", step_count, short_dtype_name(a.dt),
+                       as_sender ? "to" : "from", peer);
+  return describe_call(a.coll, a.count, a.dt, a.op, a.root);
+}
+
+Status Fingerprint::check(int peer, size_t step_count, const std::byte* in) const {
+  const CollArgs& a = *args_;
+  Wire w;
+  std::memcpy(&w, in, sizeof(w));
+  const int me = a.rank;
+  // Fast path first: no formatting unless the calls differ.
+  if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) &&
+      w.dt == static_cast<uint8_t>(a.dt)) {
+    if (a.coll == Collective::kSendRecv) {
+      if (w.count == step_count && w.root == me) return Status::ok();
+    } else if (w.count == a.count && w.coll_seq == coll_seq_ && (!uses_op(a.coll) || w.op == static_cast<uint8_t>(a.op)) &&
+               (!uses_root(a.coll) || w.root == a.root)) {
+      return Status::ok();
+    }
+  }
+  const std::string mine = describe_mine(peer, step_count, false);
+  if (w.magic != kMagic || w.version != kVersion || w.coll >= kNumCollectives || w.dt >= kNumDataTypes ||
+      w.op >= kNumRedOps)
+    return invalid_usage(fmt::format(
+        "mismatched operations: the stream from rank {} is out of step at op #{} (expected an operation header, "
+        "got data): rank {} exchanged a different number of messages with rank {} in an earlier or this op "
+        "than rank {} called {} expects",
+        peer, seq_, peer, me, me, mine));
+  const auto coll = static_cast<Collective>(w.coll);
+  const auto dt = static_cast<DataType>(w.dt);
+  const auto op = static_cast<RedOp>(w.op);
+  std::string theirs;
+  if (coll == Collective::kSendRecv)
+    theirs = fmt::format("send({} x {} to rank {})", w.count, short_dtype_name(dt), w.root);
+  else
+    theirs = describe_call(coll, w.count, dt, op, w.root);
+  bool same = coll == a.coll && dt == a.dt;
+  if (same && coll == Collective::kSendRecv) {
+    same = w.count == step_count && w.root == me;
+  } else if (same) {
+    same = w.count == a.count && w.coll_seq == coll_seq_ && (!uses_op(coll) || op == a.op) &&
+           (!uses_root(coll) || w.root == a.root);
+  }
+  if (same) return Status::ok();
+  std::string msg = fmt::format("mismatched operations: rank {} called {} as op #{} where rank {} called {}", peer,
+                                theirs, w.seq, me, mine);
+  if (coll != Collective::kSendRecv && a.coll != Collective::kSendRecv && w.coll_seq != coll_seq_)
+    msg += fmt::format(" as op #{} (collective #{} vs #{}: a rank skipped or added a collective)", seq_, w.coll_seq,
+                       coll_seq_);
+  return invalid_usage(msg);
+}
+
+}  // namespace loom::diag

@@ -1,0 +1,60 @@
+// In-band operation fingerprints.
+//
+// The first message of every operation from one rank to a given peer is
+// preceded by a 32-byte header describing the operation (collective, count,
+// dtype, op, root, collective sequence number; for send/recv the element count
+// and the destination). The receiver consumes it before its own first receive
+// from that peer in the same operation and compares it with its own call, so
+// mismatched calls fail at once with a precise message instead of hanging or
+// mixing data. No extra round trip: the header travels in the same stream,
+// right before the data (32 bytes keep the stream 8-byte aligned).
+//
+// Both sides agree on where a header is because the rule depends only on the
+// rank's own schedule: "first send to p in this op" pairs with "first receive
+// from p in this op" whenever the two ranks run matching operations. When they
+// do not, the receiver reads either a header of a different op (precise
+// message) or data where a header should be (the magic check fails: "stream
+// out of step"). A header sent to a peer whose op does not receive from us at
+// all is read by that peer's next receive from us and reported then.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "algorithms/schedule.h"
+#include "loom/status.h"
+
+namespace loom::diag {
+
+inline constexpr size_t kFingerprintBytes = 32;
+
+// Short names used in mismatch messages: fp32, bf16, int8, ...
+const char* short_dtype_name(DataType dt);
+
+// "allreduce(sum, 4096 x fp32)", "broadcast(root=1, 4096 x fp32)",
+// "send(1024 x fp32 to rank 3)".
+std::string describe_call(Collective coll, size_t count, DataType dt, RedOp op, int root);
+
+class Fingerprint {
+ public:
+  // `args` must outlive the op; rank = this rank.
+  void set(const CollArgs* args, uint64_t seq, uint64_t coll_seq) {
+    args_ = args;
+    seq_ = seq;
+    coll_seq_ = coll_seq;
+  }
+  // Header for the first message of this op to `peer`; step_count = that
+  // message's element count (compared for send/recv).
+  void encode(int peer, size_t step_count, std::byte* out) const;
+  // Validates the header received from `peer` before the first receive of
+  // step_count elements from it. Non-ok status names both calls.
+  Status check(int peer, size_t step_count, const std::byte* in) const;
+
+ private:
+  std::string describe_mine(int peer, size_t step_count, bool as_sender) const;
+  const CollArgs* args_ = nullptr;
+  uint64_t seq_ = 0, coll_seq_ = 0;
+};
+
+}  // namespace loom::diag

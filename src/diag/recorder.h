@@ -1,0 +1,60 @@
+// Flight recorder: per communicator, a ring buffer of the last N operations
+// (LOOM_TRACE_BUFFER_SIZE, 0 = off) with their arguments, algorithm, state
+// and timestamps. Written by the issuing thread (enqueue) and the engine
+// thread (start / end); read at any time by the watchdog, the live query
+// server and the dump writer. Every field is a relaxed atomic, so writing
+// costs a few plain stores and a reader may see an entry mid-update (it
+// re-checks the entry's sequence number; diagnostics tolerate the rest).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "algorithms/schedule.h"
+
+namespace loom::diag {
+
+enum class OpState : int { kEnqueued = 0, kStarted = 1, kCompleted = 2, kFailed = 3 };
+const char* op_state_name(OpState s);
+
+// Nanoseconds on a clock shared by all processes of a host and close to wall
+// time (CLOCK_REALTIME): dumps of different ranks are compared by it.
+int64_t now_ns();
+
+class FlightRecorder {
+ public:
+  explicit FlightRecorder(size_t capacity);
+  bool enabled() const { return cap_ > 0; }
+  size_t capacity() const { return cap_; }
+
+  void on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a);
+  void on_start(uint64_t seq, const std::string& algorithm, int nphases);
+  void on_end(uint64_t seq, bool ok);
+
+  // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md).
+  nlohmann::json to_json() const;
+
+ private:
+  static constexpr int kMaxP2p = 4;
+  struct Entry {
+    std::atomic<uint64_t> seq{~0ull};
+    std::atomic<uint64_t> coll_seq{0};
+    std::atomic<int> coll{0}, dt{0}, op{0}, root{0}, state{0}, nphases{0};
+    std::atomic<uint64_t> count{0};
+    std::atomic<int> np2p{0};
+    std::atomic<int64_t> p2p[kMaxP2p];  // (peer << 1 | is_send) << 32 | min(count, 2^31)
+    std::atomic<int64_t> t_enq{0}, t_start{0}, t_end{0};
+    std::atomic<uint64_t> algo{0};  // first 8 chars of the algorithm name
+  };
+  Entry& slot(uint64_t seq) const { return entries_[seq % cap_]; }
+
+  size_t cap_;
+  std::unique_ptr<Entry[]> entries_;
+  std::atomic<uint64_t> next_{0};  // one past the newest seq recorded
+};
+
+}  // namespace loom::diag

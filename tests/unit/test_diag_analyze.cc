@@ -1,0 +1,166 @@
+// Diagnostics building blocks without processes: fingerprint messages, the
+// recorder's ring buffer, and loom-doctor's handling of bad dump files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "diag/analyze.h"
+#include "diag/fingerprint.h"
+#include "diag/recorder.h"
+
+namespace loom::diag {
+namespace {
+
+CollArgs coll(Collective c, size_t count, int rank, int root = 0) {
+  CollArgs a;
+  a.coll = c;
+  a.count = count;
+  a.rank = rank;
+  a.nranks = 4;
+  a.root = root;
+  return a;
+}
+
+TEST(Fingerprint, MismatchNamesBothCalls) {
+  CollArgs b = coll(Collective::kBroadcast, 4096, 2, 1), ar = coll(Collective::kAllReduce, 4096, 3);
+  Fingerprint sender, receiver;
+  sender.set(&b, 57, 57);
+  receiver.set(&ar, 57, 57);
+  std::byte h[kFingerprintBytes];
+  sender.encode(3, 1024, h);
+  Status st = receiver.check(2, 1024, h);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidUsage);
+  EXPECT_EQ(st.message(),
+            "mismatched operations: rank 2 called broadcast(root=1, 4096 x fp32) as op #57 where rank 3 called "
+            "allreduce(sum, 4096 x fp32)");
+}
+
+TEST(Fingerprint, MatchingCallsPassAndEveryFieldCounts) {
+  CollArgs a = coll(Collective::kAllReduce, 4096, 0), b = coll(Collective::kAllReduce, 4096, 1);
+  Fingerprint fa, fb;
+  fa.set(&a, 3, 3);
+  fb.set(&b, 3, 3);
+  std::byte h[kFingerprintBytes];
+  fa.encode(1, 2048, h);
+  EXPECT_TRUE(fb.check(0, 2048, h).is_ok());
+  // Different op, count, dtype, collective sequence: each is caught.
+  CollArgs c = b;
+  c.op = RedOp::kMax;
+  fb.set(&c, 3, 3);
+  EXPECT_FALSE(fb.check(0, 2048, h).is_ok());
+  c = b;
+  c.count = 4095;
+  fb.set(&c, 3, 3);
+  EXPECT_FALSE(fb.check(0, 2048, h).is_ok());
+  c = b;
+  c.dt = DataType::kBfloat16;
+  fb.set(&c, 3, 3);
+  EXPECT_FALSE(fb.check(0, 2048, h).is_ok());
+  fb.set(&b, 4, 4);
+  Status st = fb.check(0, 2048, h);
+  EXPECT_NE(st.message().find("collective #3 vs #4"), std::string::npos) << st.message();
+}
+
+TEST(Fingerprint, DataWhereAHeaderBelongsIsOutOfStep) {
+  CollArgs a = coll(Collective::kAllReduce, 16, 1);
+  Fingerprint f;
+  f.set(&a, 9, 9);
+  std::byte junk[kFingerprintBytes] = {};
+  Status st = f.check(0, 8, junk);
+  EXPECT_NE(st.message().find("out of step"), std::string::npos) << st.message();
+}
+
+TEST(Fingerprint, SendRecvComparesCountAndDestination) {
+  CollArgs s;
+  s.coll = Collective::kSendRecv;
+  s.rank = 0;
+  s.p2p.push_back({true, 1, 1024});
+  CollArgs r;
+  r.coll = Collective::kSendRecv;
+  r.rank = 1;
+  r.p2p.push_back({false, 0, 512});
+  Fingerprint fs, fr;
+  fs.set(&s, 5, 0);
+  fr.set(&r, 5, 0);
+  std::byte h[kFingerprintBytes];
+  fs.encode(1, 1024, h);
+  Status st = fr.check(0, 512, h);
+  EXPECT_EQ(st.message(),
+            "mismatched operations: rank 0 called send(1024 x fp32 to rank 1) as op #5 where rank 1 called recv(512 x "
+            "fp32 from rank 0)");
+  EXPECT_TRUE(fr.check(0, 1024, h).is_ok());
+}
+
+TEST(Recorder, KeepsTheLastNOps) {
+  FlightRecorder rec(4);
+  CollArgs a = coll(Collective::kAllReduce, 8, 0);
+  for (uint64_t s = 0; s < 10; ++s) {
+    rec.on_enqueue(s, s, a);
+    rec.on_start(s, "ring", 2);
+    if (s < 9) rec.on_end(s, s != 8);
+  }
+  auto j = rec.to_json();
+  ASSERT_EQ(j.size(), 4u);
+  EXPECT_EQ(j[0]["seq"], 6);
+  EXPECT_EQ(j[2]["state"], "failed");
+  EXPECT_EQ(j[3]["state"], "started");
+  EXPECT_EQ(j[3]["algo"], "ring");
+  EXPECT_EQ(FlightRecorder(0).to_json().size(), 0u);
+}
+
+nlohmann::json rank_state(int rank, bool in_op) {
+  nlohmann::json peers = nlohmann::json::array();
+  for (int r = 0; r < 2; ++r) peers.push_back({{"rank", r}, {"pid", 100 + r}, {"host", "h"}, {"diag", ""}});
+  nlohmann::json op = {{"seq", 3}, {"coll", "allreduce"}, {"count", 8}, {"dtype", "float32"}, {"op", "sum"},
+                       {"root", 0}, {"coll_seq", 3}, {"state", "started"}, {"enqueued_ns", 1}, {"started_ns", 1},
+                       {"ended_ns", 0}};
+  nlohmann::json comm = {{"name", "w"}, {"id", "c1"}, {"rank", rank}, {"nranks", 2}, {"status", "ok"},
+                         {"peers", peers}, {"ops", nlohmann::json::array({op})}};
+  if (in_op)
+    comm["current"] = {{"seq", 3}, {"op", op}, {"started_ns", 1}, {"phase", 0}, {"nphases", 1}, {"waiting_peer", 1},
+                       {"steps", nlohmann::json::array({{{"peer", 1}, {"kind", "recv"}, {"done", 0}, {"total", 32}}})}};
+  return {{"schema", "loom-diag"}, {"version", 1}, {"host", "h"}, {"pid", 100 + rank}, {"time_ns", 2},
+          {"comms", nlohmann::json::array({comm})}};
+}
+
+TEST(Doctor, BadDumpsAreNamedAndTheRestIsAnalysed) {
+  std::string dir = "/tmp/loom-diag-unit-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/loom-rank0-h-100.json") << rank_state(0, true).dump(1);
+  std::string full = rank_state(1, false).dump(1);
+  std::ofstream(dir + "/loom-rank1-h-101.json") << full.substr(0, full.size() / 2);  // truncated
+  std::ofstream(dir + "/loom-rank9-h-999.json") << "{\"schema\": \"loom-diag\", \"version\": 1, ]";  // corrupt
+  std::ofstream(dir + "/other.json") << "{\"hello\": 1}";
+  std::ofstream(dir + "/empty.json") << "";
+  Snapshot s = load_dumps(dir);
+  std::string problems;
+  for (const auto& p : s.problems) problems += p + "\n";
+  EXPECT_NE(problems.find("loom-rank1-h-101.json: truncated"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("loom-rank9-h-999.json: corrupt"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("other.json: not a loom-diag dump"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("empty.json: empty file"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("no dump from 'w' rank 1 (pid 101 on h)"), std::string::npos) << problems;
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "HANG") << v.to_text();
+  EXPECT_EQ(v.ranks, std::vector<int>{1}) << v.to_text();
+  EXPECT_NE(v.to_text().find("problem: loom-rank1-h-101.json: truncated"), std::string::npos);
+  std::filesystem::remove_all(dir);
+  // Missing directory: a problem, not a crash.
+  Snapshot none = load_dumps(dir);
+  EXPECT_EQ(analyze(none).cls, "NO_DATA");
+  EXPECT_FALSE(none.problems.empty());
+}
+
+TEST(Doctor, IdleRankIsStuckInUserCode) {
+  Snapshot s;
+  s.processes = {rank_state(0, true), rank_state(1, false)};
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "STUCK_IN_USER_CODE") << v.to_text();
+  EXPECT_EQ(v.ranks, std::vector<int>{1});
+}
+
+}  // namespace
+}  // namespace loom::diag

@@ -1,0 +1,113 @@
+// loom-doctor: tells why a Loom job hangs or failed.
+//
+//   loom-doctor analyze DIR        reads the ranks' dumps (LOOM_DUMP_DIR)
+//   loom-doctor status [ADDR]      asks a live job (any rank's diag server,
+//                                  LOOM_DIAG_ADDR; default 127.0.0.1:28950)
+//                                  twice, --interval seconds apart, to tell
+//                                  stuck from slow
+//   loom-doctor show [ADDR]        one process's state as text
+//
+// The first line of the output is the verdict ("CLASS: sentence"); the
+// evidence follows, one line per fact.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "diag/analyze.h"
+#include "diag/hub.h"
+
+namespace {
+
+void usage(FILE* out) {
+  fprintf(out,
+          "usage: loom-doctor analyze DIR [--json]\n"
+          "       loom-doctor status [ADDR] [--interval SECONDS] [--json]\n"
+          "       loom-doctor show [ADDR]\n"
+          "  analyze: verdict from the JSON dumps the ranks wrote to LOOM_DUMP_DIR\n"
+          "  status:  verdict from a live job: gathers every rank's state through the diag\n"
+          "           server at ADDR (default 127.0.0.1:28950, see LOOM_DIAG_ADDR), twice\n"
+          "           --interval seconds apart (default 3) to tell stuck from slow\n"
+          "  show:    the state of the process serving ADDR, as text\n");
+}
+
+void print(const loom::diag::Verdict& v, bool as_json) {
+  if (as_json) {
+    nlohmann::json j{{"class", v.cls}, {"ranks", v.ranks}, {"summary", v.summary}, {"evidence", v.evidence}};
+    printf("%s\n", j.dump(1).c_str());
+  } else {
+    fputs(v.to_text().c_str(), stdout);
+  }
+}
+
+loom::Result<loom::diag::Snapshot> gather(const std::string& addr) {
+  auto text = loom::diag::query(addr, "gather", 8.0);
+  if (!text.is_ok()) return text.status();
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return loom::internal_error("malformed answer from " + addr);
+  return loom::diag::from_gather(j);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string cmd = argv[1];
+  std::string arg;
+  bool as_json = false;
+  double interval = 3.0;
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json")) as_json = true;
+    else if (!strcmp(argv[i], "--interval") && i + 1 < argc) interval = atof(argv[++i]);
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (arg.empty()) arg = argv[i];
+    else {
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (cmd == "analyze") {
+    if (arg.empty()) {
+      usage(stderr);
+      return 2;
+    }
+    print(loom::diag::analyze(loom::diag::load_dumps(arg)), as_json);
+    return 0;
+  }
+  if (arg.empty()) arg = "127.0.0.1:28950";
+  if (cmd == "show") {
+    auto text = loom::diag::query(arg, "text", 5.0);
+    if (!text.is_ok()) {
+      fprintf(stderr, "loom-doctor: %s\n", text.status().to_string().c_str());
+      return 1;
+    }
+    fputs(text->c_str(), stdout);
+    return 0;
+  }
+  if (cmd == "status") {
+    auto first = gather(arg);
+    if (!first.is_ok()) {
+      fprintf(stderr, "loom-doctor: cannot query %s: %s\n", arg.c_str(), first.status().to_string().c_str());
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+    auto second = gather(arg);
+    if (!second.is_ok()) {
+      // The job may have ended or failed in between: judge the first look.
+      fprintf(stderr, "loom-doctor: second query failed (%s); judging the first snapshot\n",
+              second.status().to_string().c_str());
+      print(loom::diag::analyze(*first), as_json);
+      return 0;
+    }
+    print(loom::diag::analyze(*second, &*first), as_json);
+    return 0;
+  }
+  usage(stderr);
+  return 2;
+}
