@@ -69,7 +69,17 @@ typedef struct {
 } ncclUniqueId;
 
 /* Result of every call that can fail. */
-typedef enum {
+/* In C++ the enums get int as their fixed underlying type (same size and
+ * values as in C), so any int a caller passes is a valid value and reading a
+ * bad ncclDataType_t or ncclRedOp_t is a checked error, not undefined
+ * behaviour. */
+#ifdef __cplusplus
+#define NCCL_LOOM_ENUM_ enum : int
+#else
+#define NCCL_LOOM_ENUM_ enum
+#endif
+
+typedef NCCL_LOOM_ENUM_ {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,
   ncclSystemError = 2,
@@ -158,8 +168,8 @@ typedef struct ncclSimInfo_v22200 {
  * made by ncclRedOpCreatePreMulSum. ncclRedOp_dummy_t only measures the
  * compiler's enum size so that ncclMaxRedOp never widens the type.
  */
-typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
-typedef enum {
+typedef NCCL_LOOM_ENUM_ { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
+typedef NCCL_LOOM_ENUM_ {
   ncclSum = 0,
   ncclProd = 1,
   ncclMax = 2,
@@ -170,7 +180,7 @@ typedef enum {
 } ncclRedOp_t;
 
 /* Element types (several have two spellings). */
-typedef enum {
+typedef NCCL_LOOM_ENUM_ {
   ncclInt8 = 0,
   ncclChar = 0,
   ncclUint8 = 1,
@@ -193,7 +203,7 @@ typedef enum {
 
 /* Where the scalar of ncclRedOpCreatePreMulSum lives and when it is read:
  * Device = read while the collective runs; HostImmediate = read at creation. */
-typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+typedef NCCL_LOOM_ENUM_ { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
 
 /*
  * Every function exists twice: nccl* (weak, may be interposed by a profiler)

@@ -12,4 +12,10 @@ esac
 cmake -S . -B "$dir" -G Ninja -DLOOM_SANITIZE="$san" -DCMAKE_BUILD_TYPE=Debug
 ninja -C "$dir"
 cd "$dir"
-ctest --output-on-failure --timeout 1800 -E "${LOOM_SANITIZE_EXCLUDE:-^$}"
+# hwloc's PCI plugin (libpciaccess) leaks ~1 KiB per topology load inside a
+# library that is dlclose()d, so LeakSanitizer cannot even name it. PCI
+# discovery is switched off here only; the XML tests still parse PCI trees.
+export HWLOC_COMPONENTS=-pci
+# The big-count matrices take hours under sanitizers on 2 cores; they run in
+# the default suite. LOOM_SANITIZE_EXCLUDE adds more.
+ctest --output-on-failure --timeout 3000 -E "${LOOM_SANITIZE_EXCLUDE:-matrix_threads|harness_golden}"
