@@ -1,6 +1,8 @@
 // loom::Comm and loom::Work: the public API, thin over CommImpl.
 #include <fmt/format.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -17,9 +19,16 @@ using detail::CommImpl;
 Status Work::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return Status::ok();  // inner group calls return an empty Work
   auto& s = *state_;
-  // Short spin first: small collectives finish within microseconds.
-  for (int i = 0; i < 200; ++i)
+  // Short spin first (about 20 us, yielding): small collectives finish within
+  // microseconds, and a futex sleep + wake-up costs more than that.
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+  for (int i = 0;; ++i) {
     if (s.done.load(std::memory_order_acquire)) return s.status;
+    if ((i & 63) == 63) {
+      if (std::chrono::steady_clock::now() >= until) break;
+      sched_yield();
+    }
+  }
   std::unique_lock<std::mutex> lk(s.mu);
   if (timeout == std::chrono::milliseconds::max()) {
     s.cv.wait(lk, [&] { return s.done.load(std::memory_order_acquire) != 0; });

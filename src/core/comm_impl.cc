@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <immintrin.h>
+#include <sched.h>
+
 #include <limits>
 #include <mutex>
 
@@ -198,6 +201,7 @@ Result<Work> CommImpl::enqueue(Op op) {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) return invalid_usage("operation issued during destroy");
     queue_.push_back(std::move(op));
+    pending_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
   return w;
@@ -205,8 +209,9 @@ Result<Work> CommImpl::enqueue(Op op) {
 
 Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   if (a.coll == Collective::kSendRecv) return static_cast<const RankSchedule*>(nullptr);
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}", static_cast<int>(a.coll), a.count, static_cast<int>(a.dt),
-                                static_cast<int>(a.op), a.root, a.in_place);
+  // A plain key: no formatting or allocation on a cache hit.
+  const ScheduleKey key{static_cast<int>(a.coll), static_cast<int>(a.dt), static_cast<int>(a.op), a.root, a.in_place,
+                        a.count};
   auto it = schedule_cache_.find(key);
   if (it != schedule_cache_.end()) return &it->second;
   // Cache miss: ask the tuner among the algorithms that can serve this call.
@@ -296,7 +301,22 @@ void CommImpl::fail(const Status& st) {
 }
 
 void CommImpl::engine_main() {
+  const auto spin = std::chrono::microseconds(params::engine_spin_us());
   for (;;) {
+    // In a blocking loop the next op arrives microseconds after the last one
+    // completed: poll for it briefly (yielding, so oversubscribed ranks still
+    // run) before paying a futex sleep and wake-up.
+    if (spin.count() > 0) {
+      auto until = Clock::now() + spin;
+      for (int i = 0; pending_.load(std::memory_order_acquire) == 0 && !stop_requested_.load(std::memory_order_relaxed);
+           ++i) {
+        if ((i & 63) == 63) {
+          if (Clock::now() >= until) break;
+          sched_yield();
+        }
+        _mm_pause();
+      }
+    }
     Op op;
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -304,6 +324,7 @@ void CommImpl::engine_main() {
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_relaxed);
     }
     Status st = async_error();
     if (!st.is_ok()) st = Status(st.code(), "communicator failed earlier: " + st.message());
@@ -333,6 +354,7 @@ Status CommImpl::destroy() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;
+    stop_requested_.store(true);
   }
   cv_.notify_all();
   if (engine_.joinable()) engine_.join();

@@ -104,7 +104,15 @@ class CommImpl final : public diag::DiagClient {
   std::vector<SubOp> group_subs_;
   int group_p2p_index_ = -1;  // position of the merged p2p sub-op in group_subs_
 
-  std::map<std::string, RankSchedule> schedule_cache_;  // engine thread only
+  struct ScheduleKey {
+    int coll, dt, op, root;
+    bool in_place;
+    size_t count;
+    auto operator<=>(const ScheduleKey&) const = default;
+  };
+  std::map<ScheduleKey, RankSchedule> schedule_cache_;  // engine thread only
+  std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
+  std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
 
   // ---- diagnostics (src/diag): flight recorder, fingerprints, watchdog state

@@ -28,6 +28,8 @@ std::vector<ParamInfo>& registry() {
        "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
       {"LOOM_TUNE_BW_GBPS", "double", "", "Cost model calibration: measured bandwidth (GB/s) between ring neighbours."},
       {"LOOM_TUNE_REDUCE_GBPS", "double", "", "Cost model calibration: measured reduction throughput (GB/s)."},
+      {"LOOM_ENGINE_SPIN_US", "int", "50",
+       "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at once."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_HOST_ID", "string", "",
@@ -135,6 +137,7 @@ uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20);
 uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
+int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 50)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
 int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }
 int socket_nthreads() { return static_cast<int>(env_int("LOOM_SOCKET_NTHREADS", 2)); }

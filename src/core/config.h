@@ -40,6 +40,7 @@ uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
 uint64_t shm_single_copy_bytes();  // LOOM_SHM_SINGLE_COPY_BYTES
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
+int engine_spin_us();        // LOOM_ENGINE_SPIN_US
 std::string transport();     // LOOM_TRANSPORT: auto | shm | socket
 int socket_nsocks();         // LOOM_SOCKET_NSOCKS
 int socket_nthreads();       // LOOM_SOCKET_NTHREADS
