@@ -9,77 +9,10 @@
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
-#include "core/config.h"
+#include "algorithms/patterns.h"
 
 namespace loom {
-namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-Step send_step(int peer, BufRef src, size_t count) {
-  Step s;
-  s.kind = StepKind::kSend;
-  s.peer = peer;
-  s.src = src;
-  s.count = count;
-  return s;
-}
-Step recv_step(int peer, BufRef dst, size_t count) {
-  Step s;
-  s.kind = StepKind::kRecv;
-  s.peer = peer;
-  s.dst = dst;
-  s.count = count;
-  return s;
-}
-Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count) {
-  Step s;
-  s.kind = StepKind::kRecvReduce;
-  s.peer = peer;
-  s.src = local;
-  s.dst = dst;
-  s.count = count;
-  return s;
-}
-Step copy_step(BufRef src, BufRef dst, size_t count) {
-  Step s;
-  s.kind = StepKind::kCopy;
-  s.src = src;
-  s.dst = dst;
-  s.count = count;
-  return s;
-}
-Step divide_step(BufRef dst, size_t count) {
-  Step s;
-  s.kind = StepKind::kDivide;
-  s.dst = dst;
-  s.count = count;
-  return s;
-}
-
-void push_phase(RankSchedule& s, Phase&& p) {
-  if (!p.steps.empty()) s.phases.push_back(std::move(p));
-}
-
-// Single-rank case shared by every collective: recv = send (+ nothing to divide).
-RankSchedule local_only(const CollArgs& a, size_t count, const char* name) {
-  RankSchedule s;
-  s.algorithm = name;
-  if (!a.in_place && count > 0) {
-    Phase p;
-    p.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, 0}, count));
-    push_phase(s, std::move(p));
-  }
-  return s;
-}
-
-size_t chunk_elems(const CollArgs& a) {
-  if (a.chunk_elems) return a.chunk_elems;
-  size_t bytes = params::chunk_bytes();
-  return std::max<size_t>(1, bytes / dtype_size(a.dt));
-}
-
-}  // namespace
+using namespace patterns;  // NOLINT: step builders and rank arithmetic
 
 Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   const int n = a.nranks, r = a.rank;
