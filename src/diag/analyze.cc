@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -159,26 +160,209 @@ bool from_death(const Snapshot& s, Verdict* v) {
   return false;
 }
 
+// ---- hosts and cut links ----------------------------------------------------
+
+// The bootstrap address without its port.
+std::string ip_of(const std::string& addr) {
+  size_t colon = addr.rfind(':');
+  std::string ip = colon == std::string::npos ? addr : addr.substr(0, colon);
+  if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  return ip;
+}
+
+// Which host each rank of the view is on: the host hash the bootstrap
+// exchanged (schema 2), else the hostname (schema 1: ranks in network
+// namespaces of one machine then look like one host).
+std::map<int, std::string> host_keys(const CommView& v) {
+  std::map<int, std::string> out;
+  for (const auto& p : v.peers) {
+    std::string h = p.value("host_hash", "");
+    out[p.value("rank", -1)] = h.empty() ? "name:" + p.value("host", "?") : h;
+  }
+  return out;
+}
+
+// A host's name for people: the host id its processes report (LOOM_HOST_ID
+// or the hostname), else the hostname and address from the peer table.
+std::string host_label(const CommView& v, const std::map<int, std::string>& keys, const std::string& key) {
+  for (const auto& [r, m] : v.members)
+    if (keys.count(r) && keys.at(r) == key) return m.proc->value("host_id", m.proc->value("host", "?"));
+  for (const auto& p : v.peers)
+    if (keys.count(p.value("rank", -1)) && keys.at(p.value("rank", -1)) == key)
+      return fmt::format("{} [{}]", p.value("host", "?"), ip_of(p.value("addr", "?")));
+  return key;
+}
+
+std::vector<int> ranks_on(const std::map<int, std::string>& keys, const std::string& key) {
+  std::vector<int> out;
+  for (const auto& [r, k] : keys)
+    if (k == key) out.push_back(r);
+  return out;
+}
+
+std::string host_desc(const CommView& v, const std::map<int, std::string>& keys, const std::string& key) {
+  return fmt::format("host {} ({})", host_label(v, keys, key), ranks_word(ranks_on(keys, key)));
+}
+
 bool from_link(const Snapshot& s, Verdict* v) {
-  // Socket transport errors name the peer and the connection; both ends are
-  // alive (they have state), unlike RANK_DIED.
-  static const std::regex link(R"(rank (\d+)[^:]*: .*(connection (reset|closed|lost|timed out)|link|broken pipe|unreachable))",
-                               std::regex::icase);
-  for (const auto& [id, view] : build_views(s))
+  // A connection error (the socket transport names the peer, then errno's
+  // text) between ranks that both still have state (both alive, unlike
+  // RANK_DIED) on different hosts.
+  static const std::regex conn_err(R"(connection (reset|refused|closed|lost|timed out)|broken pipe|no route to host|unreachable)",
+                                   std::regex::icase);
+  static const std::regex rank_re(R"(rank (\d+))");
+  for (const auto& [id, view] : build_views(s)) {
+    const auto keys = host_keys(view);
     for (const auto& [r, m] : view.members) {
       std::string msg = m.comm->value("error", "");
       std::smatch mm;
-      if (msg.find("died") != std::string::npos || !std::regex_search(msg, mm, link)) continue;
-      int peer = std::stoi(mm[1]);
-      if (peer == r || !view.members.count(peer)) continue;
-      std::string ha = m.proc->value("host", "?"), hb = view.members.at(peer).proc->value("host", "?");
+      if (msg.find("died") != std::string::npos || !std::regex_search(msg, mm, conn_err)) continue;
+      // The peer: the last rank named before the error text, other than r.
+      int peer = -1;
+      const std::string head = msg.substr(0, static_cast<size_t>(mm.position(0)));
+      for (auto it = std::sregex_iterator(head.begin(), head.end(), rank_re); it != std::sregex_iterator(); ++it)
+        if (std::stoi((*it)[1]) != r) peer = std::stoi((*it)[1]);
+      if (peer < 0 || !view.members.count(peer)) continue;
+      if (keys.count(r) && keys.count(peer) && keys.at(r) == keys.at(peer)) continue;  // not a network link
+      const std::string ha = keys.count(r) ? host_label(view, keys, keys.at(r)) : m.proc->value("host", "?");
+      const std::string hb = keys.count(peer) ? host_label(view, keys, keys.at(peer))
+                                              : view.members.at(peer).proc->value("host", "?");
       v->cls = "LINK_DOWN";
       v->ranks = {std::min(r, peer), std::max(r, peer)};
-      v->summary = fmt::format("the network link between host {} (rank {}) and host {} (rank {}) of '{}' is down; "
-                               "both processes are alive", ha, r, hb, peer, view.name);
+      v->summary = fmt::format("the network link between host {} (rank {}) and host {} (rank {}) of '{}' is down: "
+                               "the connection failed while both processes are alive", ha, r, hb, peer, view.name);
       v->evidence.push_back(fmt::format("reported by rank {}: {}", r, msg));
       return true;
     }
+  }
+  return false;
+}
+
+// A cut link that shows only as deadlines: every process of the communicator
+// is alive (each wrote its state), all are in the same call, and the ranks of
+// host A wait on ranks of host B while B's wait on A; inside a host, a rank
+// waits only on a rank that (in the end) waits across hosts.
+bool from_partition(const Snapshot& s, Verdict* v) {
+  for (const auto& [id, c] : build_views(s)) {
+    if (c.nranks < 2 || static_cast<int>(c.members.size()) != c.nranks) continue;
+    const auto keys = host_keys(c);
+    std::set<std::string> hosts;
+    for (const auto& [r, k] : keys) hosts.insert(k);
+    if (hosts.size() < 2 || static_cast<int>(keys.size()) != c.nranks) continue;
+    // Same call everywhere (ranks on the far side of a cut may be one op
+    // further: the sequence number may differ, the call may not).
+    std::string call;
+    bool agree = true;
+    for (const auto& [r, m] : c.members) {
+      if (!in_op(m)) agree = false;
+      else if (call.empty()) call = render_op(cur_op(m));
+      else agree = agree && render_op(cur_op(m)) == call;
+    }
+    if (!agree) continue;
+    std::map<int, int> waits;
+    std::map<int, json> steps;
+    for (const auto& [r, m] : c.members) {
+      json st = blocked_step(m);
+      int p = st.is_object() ? st.value("peer", -1) : -1;
+      if (p >= 0 && p < c.nranks && p != r) waits[r] = p, steps[r] = st;
+    }
+    // Each rank's chain of waits inside its host must leave the host.
+    std::map<int, int> exit_of;
+    bool chains = true;
+    for (int r = 0; r < c.nranks && chains; ++r) {
+      int x = r;
+      for (int hops = 0; waits.count(x) && keys.at(waits[x]) == keys.at(x) && hops <= c.nranks; ++hops) x = waits[x];
+      chains = waits.count(x) && keys.at(waits[x]) != keys.at(x);
+      exit_of[r] = x;
+    }
+    if (!chains) continue;
+    // Host pairs that wait on each other.
+    std::map<std::pair<std::string, std::string>, std::vector<int>> cross;  // (from, to) -> waiting ranks
+    for (auto [r, p] : waits)
+      if (keys.at(r) != keys.at(p)) cross[{keys.at(r), keys.at(p)}].push_back(r);
+    std::vector<std::pair<std::string, std::string>> cut;
+    for (const auto& [k, rs] : cross)
+      if (k.first < k.second && cross.count({k.second, k.first})) cut.push_back(k);
+    if (cut.empty()) continue;
+
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const auto& [r, m] : c.members) {
+      lo = std::min<uint64_t>(lo, cur(m).value("seq", uint64_t{0}));
+      hi = std::max<uint64_t>(hi, cur(m).value("seq", uint64_t{0}));
+    }
+    const std::string where = lo == hi ? fmt::format("op #{} {}", lo, call) : fmt::format("ops #{}-#{} {}", lo, hi, call);
+    std::set<std::string> named;
+    for (const auto& [a, b] : cut) named.insert(a), named.insert(b);
+    // One host in every pair: that host is cut off from the others.
+    std::string hub_host;
+    if (cut.size() > 1)
+      for (const auto& h : named) {
+        bool in_all = true;
+        for (const auto& [a, b] : cut) in_all = in_all && (a == h || b == h);
+        if (in_all) hub_host = h;
+      }
+    v->cls = "LINK_DOWN";
+    v->ranks.clear();
+    for (const auto& h : named)
+      for (int r : ranks_on(keys, h)) v->ranks.push_back(r);
+    std::sort(v->ranks.begin(), v->ranks.end());
+    std::string between;
+    if (!hub_host.empty()) {
+      std::vector<std::string> others;
+      for (const auto& h : named)
+        if (h != hub_host) others.push_back(host_desc(c, keys, h));
+      std::string list;
+      for (size_t i = 0; i < others.size(); ++i) list += (i ? (i + 1 == others.size() ? " and " : ", ") : "") + others[i];
+      between = fmt::format("{} is cut off from {}", host_desc(c, keys, hub_host), list);
+    } else {
+      for (size_t i = 0; i < cut.size(); ++i)
+        between += (i ? "; " : "") + fmt::format("the network link between {} and {} is cut", host_desc(c, keys, cut[i].first),
+                                                 host_desc(c, keys, cut[i].second));
+    }
+    v->summary = fmt::format("in '{}', {}: in {} the ranks of each side wait on the other side, every process is "
+                             "alive and the ranks within each host agree", c.name, between, where);
+    // Evidence: who waits on whom across the cut, with bytes done.
+    for (const auto& [k, rs] : cross)
+      for (int r : rs) {
+        const json& st = steps.at(r);
+        int p = waits.at(r);
+        std::string sent;
+        // What the peer itself sent towards r (the socket took it; r got none of what it waits for).
+        const json& pc = cur(c.members.at(p));
+        for (const auto& ps : pc.value("steps", json::array()))
+          if (ps.value("peer", -1) == r && ps.value("kind", "") == "send")
+            sent = fmt::format("; rank {}, in op #{} phase {}/{}, sent {}/{} B to rank {}", p, pc.value("seq", 0),
+                               pc.value("phase", 0) + 1, pc.value("nphases", 0), ps.value("done", 0),
+                               ps.value("total", 0), r);
+        v->evidence.push_back(fmt::format("across the cut: rank {} on {} waits on rank {} on {} ({} {}/{} B){}", r,
+                                          host_label(c, keys, keys.at(r)), p, host_label(c, keys, keys.at(p)),
+                                          st.value("kind", "?"), st.value("done", 0), st.value("total", 0), sent));
+      }
+    for (auto [r, p] : waits)
+      if (keys.at(r) == keys.at(p))
+        v->evidence.push_back(fmt::format("within host {}: rank {} waits on rank {} ({} {}/{} B), which waits across "
+                                          "the cut through rank {}", host_label(c, keys, keys.at(r)), r, p,
+                                          steps.at(r).value("kind", "?"), steps.at(r).value("done", 0),
+                                          steps.at(r).value("total", 0), exit_of.at(r)));
+    for (const auto& h : named) {
+      std::string pids;
+      for (int r : ranks_on(keys, h)) {
+        const json& proc = *c.members.at(r).proc;
+        const std::string reason = proc.value("reason", "?");
+        const std::string why = reason.rfind("comm ", 0) == 0 ? "dumped on its own failure"
+                                : reason.rfind("requested", 0) == 0 ? "dumped when a peer asked"
+                                                                   : reason;
+        pids += fmt::format("{}rank {} (pid {}, {})", pids.empty() ? "" : ", ", r, proc.value("pid", 0), why);
+      }
+      v->evidence.push_back(fmt::format("alive on host {} (state written by every process): {}", host_label(c, keys, h), pids));
+    }
+    for (const auto& [r, m] : c.members)
+      if (m.comm->contains("error")) {
+        v->evidence.push_back(fmt::format("first error (rank {}): {}", r, m.comm->value("error", "")));
+        break;
+      }
+    return true;
+  }
   return false;
 }
 
@@ -437,9 +621,9 @@ Snapshot load_dumps(const std::string& dir) {
         s.problems.push_back(name + ": not a loom-diag dump (ignored)");
         continue;
       }
-      if (j.value("version", 0) != kSchemaVersion) {
-        s.problems.push_back(fmt::format("{}: schema version {} (this doctor reads {}; ignored)", name,
-                                         j.value("version", 0), kSchemaVersion));
+      if (j.value("version", 0) < kOldestSchemaVersion || j.value("version", 0) > kSchemaVersion) {
+        s.problems.push_back(fmt::format("{}: schema version {} (this doctor reads {} to {}; ignored)", name,
+                                         j.value("version", 0), kOldestSchemaVersion, kSchemaVersion));
         continue;
       }
       if (!j.contains("comms") || !j["comms"].is_array()) {
@@ -487,7 +671,8 @@ Verdict analyze(const Snapshot& now, const Snapshot* earlier) {
       done = true;
     }
   }
-  if (!done) done = from_mismatch(now, &v) || from_death(now, &v) || from_link(now, &v) || from_positions(now, &v);
+  if (!done) done = from_mismatch(now, &v) || from_death(now, &v) || from_link(now, &v) || from_partition(now, &v) ||
+                from_positions(now, &v);
   if (!done) done = straggler(now, &v);
   if (!done) {
     auto errs = all_errors(now);

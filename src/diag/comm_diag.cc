@@ -77,6 +77,8 @@ nlohmann::json CommImpl::diag_state() {
       peers.push_back({{"rank", p.rank},
                        {"pid", p.pid},
                        {"host", std::string(p.hostname, strnlen(p.hostname, sizeof(p.hostname)))},
+                       {"host_hash", fmt::format("{:016x}", p.host_hash)},
+                       {"addr", p.listen().to_string()},
                        {"diag", p.rank >= 0 && p.rank < static_cast<int>(peer_diag_addrs_.size())
                                     ? peer_diag_addrs_[p.rank]
                                     : ""}});

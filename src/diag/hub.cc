@@ -196,6 +196,10 @@ nlohmann::json Hub::state(const std::string& reason) {
   j["version"] = kSchemaVersion;
   j["reason"] = reason;
   j["host"] = host_name();
+  // The host identity Loom uses to group ranks (LOOM_HOST_ID overrides the
+  // hostname, e.g. one namespace per "host"); peers carry only its hash.
+  j["host_id"] = env_string("LOOM_HOST_ID", host_name());
+  j["host_hash"] = fmt::format("{:016x}", host_hash());
   j["pid"] = static_cast<int>(getpid());
   j["time_ns"] = now_ns();
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);

@@ -3,7 +3,7 @@
 // SIGUSR1) and the live query server (LOOM_DIAG_ADDR). Started with the first
 // communicator; never destroyed (threads may outlive main's statics).
 //
-// State schema (one JSON object per process, "loom-diag" version 1) is
+// State schema (one JSON object per process, "loom-diag" version 2) is
 // documented in docs/troubleshooting.md; dumps and live answers use the same.
 #pragma once
 
@@ -14,7 +14,10 @@
 
 namespace loom::diag {
 
-inline constexpr int kSchemaVersion = 1;
+// 2 added host_id / host_hash per process and host_hash / addr per peer; the
+// doctor still reads version 1 dumps (without host grouping).
+inline constexpr int kSchemaVersion = 2;
+inline constexpr int kOldestSchemaVersion = 1;
 
 // Implemented by CommImpl.
 class DiagClient {

@@ -1,5 +1,6 @@
 // Diagnostics building blocks without processes: fingerprint messages, the
 // recorder's ring buffer, and loom-doctor's handling of bad dump files.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -160,6 +161,98 @@ TEST(Doctor, IdleRankIsStuckInUserCode) {
   Verdict v = analyze(s);
   EXPECT_EQ(v.cls, "STUCK_IN_USER_CODE") << v.to_text();
   EXPECT_EQ(v.ranks, std::vector<int>{1});
+}
+
+}  // namespace
+}  // namespace loom::diag
+
+namespace loom::diag {
+namespace {
+
+// Four ranks on two hosts, "ha" (ranks 0, 1) and "hb" (ranks 2, 3), all in
+// allreduce op #7 (schema 2: peers carry host hashes, processes their host id).
+// waits[r] = the peer rank r is blocked on (-1: not in the op).
+nlohmann::json two_host_state(int rank, const std::vector<int>& waits, const std::string& error = "") {
+  auto host_of = [](int r) { return r < 2 ? std::string("ha") : std::string("hb"); };
+  nlohmann::json peers = nlohmann::json::array();
+  for (int r = 0; r < 4; ++r)
+    peers.push_back({{"rank", r}, {"pid", 100 + r}, {"host", "vm"}, {"host_hash", host_of(r) == "ha" ? "00aa" : "00bb"},
+                     {"addr", fmt::format("198.51.100.{}:4000", r < 2 ? 10 : 11)}, {"diag", ""}});
+  nlohmann::json op = {{"seq", 7}, {"coll", "allreduce"}, {"count", 1024}, {"dtype", "float32"}, {"op", "sum"},
+                       {"root", 0}, {"coll_seq", 7}, {"state", "started"}, {"enqueued_ns", 1}, {"started_ns", 1},
+                       {"ended_ns", 0}};
+  nlohmann::json comm = {{"name", "comm"}, {"id", "c2"}, {"rank", rank}, {"nranks", 4}, {"peers", peers},
+                         {"status", error.empty() ? "ok" : "failed"}, {"ops", nlohmann::json::array({op})}};
+  if (!error.empty()) comm["error"] = error;
+  if (waits[rank] >= 0)
+    comm["current"] = {{"seq", 7}, {"op", op}, {"state", "failed"}, {"started_ns", 1}, {"phase", 0}, {"nphases", 2},
+                       {"waiting_peer", waits[rank]},
+                       {"steps", nlohmann::json::array({{{"peer", waits[rank]}, {"kind", "recv"}, {"done", 0},
+                                                         {"total", 4096}}})}};
+  return {{"schema", "loom-diag"}, {"version", 2}, {"reason", "comm 'comm' rank failed: Timeout"}, {"host", "vm"},
+          {"host_id", host_of(rank)}, {"host_hash", host_of(rank) == "ha" ? "00aa" : "00bb"}, {"pid", 100 + rank},
+          {"time_ns", 3'000'000'001}, {"comms", nlohmann::json::array({comm})}};
+}
+
+Snapshot snapshot_of(const std::vector<int>& waits, const std::vector<int>& alive, const std::string& error = "") {
+  Snapshot s;
+  for (int r : alive) s.processes.push_back(two_host_state(r, waits, error));
+  return s;
+}
+
+const std::string kTimeout = "Timeout: comm rank 0: allreduce #7 (ring, 1024 x float32, sum): deadline (LOOM_TIMEOUT) passed";
+
+TEST(Doctor, MutualWaitsAcrossHostsAreLinkDown) {
+  // 0 -> 1 inside host ha, 1 -> 3 and 2 -> 0 and 3 -> 1 across.
+  Verdict v = analyze(snapshot_of({1, 3, 0, 1}, {0, 1, 2, 3}, kTimeout));
+  EXPECT_EQ(v.cls, "LINK_DOWN") << v.to_text();
+  EXPECT_EQ(v.ranks, (std::vector<int>{0, 1, 2, 3})) << v.to_text();
+  EXPECT_NE(v.line().find("between host ha (ranks 0 and 1) and host hb (ranks 2 and 3) is cut"), std::string::npos)
+      << v.to_text();
+  const std::string text = v.to_text();
+  EXPECT_NE(text.find("across the cut: rank 1 on ha waits on rank 3 on hb (recv 0/4096 B)"), std::string::npos) << text;
+  EXPECT_NE(text.find("across the cut: rank 2 on hb waits on rank 0 on ha"), std::string::npos) << text;
+  EXPECT_NE(text.find("within host ha: rank 0 waits on rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("alive on host hb (state written by every process): rank 2 (pid 102"), std::string::npos) << text;
+}
+
+TEST(Doctor, OneWayWaitsOrOneHostAreNotLinkDown) {
+  // Host hb waits on ha, but ha's ranks wait only on each other: a hang on ha.
+  EXPECT_EQ(analyze(snapshot_of({1, 0, 0, 1}, {0, 1, 2, 3}, kTimeout)).cls, "HANG");
+  // Host hb's ranks never entered the op: not a link.
+  Verdict idle = analyze(snapshot_of({2, 3, -1, -1}, {0, 1, 2, 3}, kTimeout));
+  EXPECT_EQ(idle.cls, "STUCK_IN_USER_CODE") << idle.to_text();
+  // Every rank on one host (same hash): no link between hosts to blame.
+  Snapshot one = snapshot_of({1, 3, 0, 1}, {0, 1, 2, 3}, kTimeout);
+  for (auto& p : one.processes)
+    for (auto& peer : p["comms"][0]["peers"]) peer["host_hash"] = "00aa";
+  EXPECT_EQ(analyze(one).cls, "HANG") << analyze(one).to_text();
+}
+
+TEST(Doctor, DeadProcessOnTheOtherHostIsRankDiedNotLinkDown) {
+  // Rank 3 on hb was killed: no state of its own; its host peer reports it.
+  const std::string died = "RemoteError: comm rank 2: allreduce #7 (ring, 1024 x float32, sum): rank 3 (pid 103 on vm) died";
+  Snapshot s = snapshot_of({1, 3, 0, 3}, {0, 1, 2}, kTimeout);
+  s.processes[2] = two_host_state(2, {1, 3, 3, 3}, died);
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "RANK_DIED") << v.to_text();
+  EXPECT_EQ(v.ranks, std::vector<int>{3}) << v.to_text();
+  // Without anyone having seen it die (only timeouts), a rank without state
+  // is still not "alive": no LINK_DOWN.
+  Verdict quiet = analyze(snapshot_of({1, 3, 0, 1}, {0, 1, 2}, kTimeout));
+  EXPECT_NE(quiet.cls, "LINK_DOWN") << quiet.to_text();
+}
+
+TEST(Doctor, ConnectionErrorToAnotherHostIsLinkDown) {
+  // The socket transport's text when TCP gives up on a peer.
+  const std::string err = "RemoteError: comm rank 1: allreduce #7 (ring, 1024 x float32, sum): receiving from rank 3 on "
+                          "host vm (198.51.100.11:4000) failed on stream 0: Connection timed out";
+  Snapshot s = snapshot_of({1, 3, 0, 1}, {0, 1, 2, 3}, kTimeout);
+  s.processes[1] = two_host_state(1, {1, 3, 0, 1}, err);
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "LINK_DOWN") << v.to_text();
+  EXPECT_EQ(v.ranks, (std::vector<int>{1, 3})) << v.to_text();
+  EXPECT_NE(v.line().find("between host ha (rank 1) and host hb (rank 3)"), std::string::npos) << v.to_text();
 }
 
 }  // namespace
