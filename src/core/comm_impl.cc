@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "algorithms/algorithms.h"
+#include "core/calibrate.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "topology/discover.h"
@@ -68,6 +69,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
+  LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
             c->transport_->name(), c->timeout_s_);
@@ -362,6 +364,18 @@ Status CommImpl::destroy() {
   transport_.reset();
   boot_.reset();
   return Status::ok();
+}
+
+Status CommImpl::calibrate_tuner(Deadline deadline) {
+  const bool requested = tuner_->calibration_requested() || params::tune_calibrate();
+  LOOM_ASSIGN_OR_RETURN(bool calibrate, agree_calibration_request(*boot_, requested, deadline));
+  if (!calibrate) return Status::ok();
+  auto cal = calibrate_comm(*exec_, *boot_, rank_, nranks_, deadline);
+  if (!cal.is_ok()) return cal.status().with_context("tuner calibration (LOOM_TUNE_CALIBRATE=1)");
+  LOOM_INFO(kLogTune, "{} rank {}: calibrated alpha {:.2f} us, bandwidth {:.2f} GB/s ({} ring pairs), reduce {:.2f} GB/s"
+            " in {:.1f} ms", name_, rank_, cal->alpha_us, cal->bw_GBps, cal->pairs, cal->reduce_GBps, cal->elapsed_ms);
+  if (cal->pairs == 0) return Status::ok();  // one rank: no link to measure, keep the topology's parameters
+  return tuner_->calibrate(cal->alpha_us, cal->bw_GBps, cal->reduce_GBps).with_context("tuner calibration");
 }
 
 Result<double> CommImpl::predict_us(Collective coll, size_t bytes) const {

@@ -56,6 +56,8 @@ class CommImpl final : public diag::DiagClient {
   Status destroy();
   Status async_error() const;
   Result<double> predict_us(Collective coll, size_t bytes) const;
+  // The communicator's tuner (tests read its calibrated cost parameters).
+  topo::Tuner* tuner() { return tuner_.get(); }
 
   // diag::DiagClient (defined in diag/comm_diag.cc)
   nlohmann::json diag_state() override;
@@ -80,6 +82,8 @@ class CommImpl final : public diag::DiagClient {
   Status run_sub(SubOp& s);
   void fail(const Status& st);
   Result<const RankSchedule*> schedule_for(const CollArgs& args);
+  // LOOM_TUNE_CALIBRATE=1: measure links and reduction, agree, and feed the tuner (core/calibrate.h).
+  Status calibrate_tuner(Deadline deadline);
 
   int rank_ = 0, nranks_ = 0;
   std::string name_;

@@ -28,6 +28,10 @@ std::vector<ParamInfo>& registry() {
        "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
       {"LOOM_TUNE_BW_GBPS", "double", "", "Cost model calibration: measured bandwidth (GB/s) between ring neighbours."},
       {"LOOM_TUNE_REDUCE_GBPS", "double", "", "Cost model calibration: measured reduction throughput (GB/s)."},
+      {"LOOM_TUNE_CALIBRATE", "bool", "0",
+       "1: each communicator measures ring-neighbour latency and bandwidth (8 B and 4 MiB ping-pongs) and the "
+       "reduction throughput at init (tens of ms), agrees on the worst values across ranks and feeds them to the "
+       "tuner; overrides LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS / LOOM_TUNE_REDUCE_GBPS."},
       {"LOOM_ENGINE_SPIN_US", "int", "50",
        "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at once."},
       {"LOOM_SPIN", "int", "2000",
@@ -144,6 +148,7 @@ int socket_nthreads() { return static_cast<int>(env_int("LOOM_SOCKET_NTHREADS", 
 uint64_t socket_slice_bytes() { return env_bytes("LOOM_SOCKET_SLICE_BYTES", 64ull << 10); }
 uint64_t socket_buf_bytes() { return env_bytes("LOOM_SOCKET_BUF_BYTES", 4ull << 20); }
 uint64_t socket_sockbuf() { return env_bytes("LOOM_SOCKET_SOCKBUF", 0); }
+bool tune_calibrate() { return env_bool("LOOM_TUNE_CALIBRATE", false); }
 }  // namespace params
 
 }  // namespace loom

@@ -1,0 +1,109 @@
+// LOOM_TUNE_CALIBRATE=1: each communicator measures its links and reduction
+// at init (core/calibrate.h); every rank must end up with the same cost
+// parameters (else their tuners could pick different algorithms and deadlock),
+// the values must be physically sane, and collectives must still be correct.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "common/test_util.h"
+#include "core/comm_impl.h"
+
+namespace loom {
+namespace {
+
+struct EnvGuard {
+  explicit EnvGuard(const char* value) {
+    if (value) setenv("LOOM_TUNE_CALIBRATE", value, 1);
+    else unsetenv("LOOM_TUNE_CALIBRATE");
+  }
+  ~EnvGuard() { unsetenv("LOOM_TUNE_CALIBRATE"); }
+};
+
+std::vector<std::unique_ptr<Comm>> make_comms(int n, const char* calibrate) {
+  EnvGuard env(calibrate);
+  auto c = Comm::init_all(n);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return c.is_ok() ? std::move(c).value() : std::vector<std::unique_ptr<Comm>>{};
+}
+
+double ring_bw_GBps(const topo::CommCost& c) { return 1.0 / (c.ring.beta_us_per_byte * 1e3); }
+
+const size_t kSizes[] = {8, 4096, size_t{1} << 20, size_t{64} << 20};
+const Collective kColls[] = {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast};
+
+void check_calibrated(int n) {
+  auto base = make_comms(n, nullptr);
+  auto cal = make_comms(n, "1");
+  ASSERT_EQ(base.size(), static_cast<size_t>(n));
+  ASSERT_EQ(cal.size(), static_cast<size_t>(n));
+
+  topo::CommCost c0 = cal[0]->impl()->tuner()->cost(n);
+  topo::CommCost b0 = base[0]->impl()->tuner()->cost(n);
+  // Measured values: a message costs something, and shared memory on one
+  // host moves between 10 MB/s and 1 TB/s.
+  EXPECT_GT(c0.ring.alpha_us, 0.0);
+  EXPECT_LT(c0.ring.alpha_us, 1e5);
+  EXPECT_GT(ring_bw_GBps(c0), 0.01);
+  EXPECT_LT(ring_bw_GBps(c0), 1000.0);
+  EXPECT_GT(c0.gamma_us_per_byte, 0.0);
+  // Replaced, not kept: measured doubles never equal the topology's constants.
+  EXPECT_NE(c0.ring.alpha_us, b0.ring.alpha_us);
+  EXPECT_NE(c0.ring.beta_us_per_byte, b0.ring.beta_us_per_byte);
+  EXPECT_NE(c0.gamma_us_per_byte, b0.gamma_us_per_byte);
+
+  bool any_prediction_differs = false;
+  for (int r = 0; r < n; ++r) {
+    topo::CommCost c = cal[r]->impl()->tuner()->cost(n);
+    // Bit-identical on every rank: all ranks combine the same allgathered data.
+    EXPECT_EQ(c.ring.alpha_us, c0.ring.alpha_us) << "rank " << r;
+    EXPECT_EQ(c.ring.beta_us_per_byte, c0.ring.beta_us_per_byte) << "rank " << r;
+    EXPECT_EQ(c.gamma_us_per_byte, c0.gamma_us_per_byte) << "rank " << r;
+    for (Collective coll : kColls) {
+      for (size_t bytes : kSizes) {
+        auto p = cal[r]->predict_us(coll, bytes);
+        auto p0 = cal[0]->predict_us(coll, bytes);
+        auto pb = base[r]->predict_us(coll, bytes);
+        ASSERT_TRUE(p.is_ok() && p0.is_ok() && pb.is_ok());
+        EXPECT_EQ(*p, *p0) << collective_name(coll) << " " << bytes << " B, rank " << r;
+        EXPECT_GT(*p, 0.0);
+        if (*p != *pb) any_prediction_differs = true;
+      }
+    }
+  }
+  EXPECT_TRUE(any_prediction_differs) << "calibration did not change any prediction";
+
+  // Collectives still run and are correct after the calibration traffic
+  // (whose messages must all have been consumed).
+  std::vector<testing::Case> cases = {
+      {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, false, 0},
+      {Collective::kAllReduce, DataType::kInt32, RedOp::kMax, (size_t{1} << 18) + 3, true, 0},
+      {Collective::kAllGather, DataType::kFloat64, RedOp::kSum, 777, false, 0},
+      {Collective::kBroadcast, DataType::kUint8, RedOp::kSum, 100000, false, n - 1},
+  };
+  for (const testing::Case& cs : cases) {
+    std::vector<Status> st(static_cast<size_t>(n));
+    std::vector<std::thread> th;
+    for (int r = 0; r < n; ++r) th.emplace_back([&, r] { st[r] = testing::run_case(*cal[r], cs); });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].is_ok()) << cs.name() << " rank " << r << ": " << st[r].to_string();
+  }
+}
+
+TEST(TuneCalibrate, TwoRanks) { check_calibrated(2); }
+TEST(TuneCalibrate, ThreeRanks) { check_calibrated(3); }  // odd: the closing pair gets its own round
+TEST(TuneCalibrate, FourRanks) { check_calibrated(4); }
+
+TEST(TuneCalibrate, OneRankKeepsTopology) {
+  auto base = make_comms(1, nullptr);
+  auto cal = make_comms(1, "1");
+  ASSERT_EQ(cal.size(), 1u);
+  topo::CommCost c = cal[0]->impl()->tuner()->cost(1);
+  topo::CommCost b = base[0]->impl()->tuner()->cost(1);
+  // No link to measure: calibrate() is not called, so the reduction cost stays the topology's too.
+  EXPECT_EQ(c.gamma_us_per_byte, b.gamma_us_per_byte);
+}
+
+}  // namespace
+}  // namespace loom
