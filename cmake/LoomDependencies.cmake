@@ -56,3 +56,10 @@ if(NOT LOOM_WITH_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "LOOM_WITH_CUDA=ON but the CUDA toolkit was not found")
   endif()
 endif()
+
+# Gloo (libgloo-dev): only for perf-tests/gloo_bench, the peer in compare.sh.
+set(LOOM_HAVE_GLOO OFF)
+find_package(Gloo CONFIG QUIET)
+if(TARGET gloo)
+  set(LOOM_HAVE_GLOO ON)
+endif()

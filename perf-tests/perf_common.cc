@@ -1,348 +1,374 @@
 #include "perf_common.h"
 
-#include <getopt.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "algorithms/algorithms.h"
-#include "core/config.h"
 #include "bootstrap/bootstrap.h"
 #include "loom/comm.h"
-#include "verifiable.h"
+#include "perf_colls.h"
+#include "perf_mpi.h"
+#include "perf_report.h"
 
 namespace loom::perf {
 namespace {
 
-struct Options {
-  size_t min_bytes = 32 << 20;
-  size_t max_bytes = 32 << 20;
-  double factor = 0;   // -f; 0 = use step
-  size_t step = 1 << 20;  // -i
-  int iters = 20;      // -n
-  int warmup = 5;      // -w
-  int check = 1;       // -c
-  DataType dt = DataType::kFloat32;
-  RedOp op = RedOp::kSum;
-  int root = 0;
-  bool blocking = false;  // -z: wait for each op before issuing the next
+// Byte written over receive buffers before a verification run, so that an
+// operation that writes nothing is caught: it decodes to no value the
+// closed-form data can produce in any type (123 as int8, ~1e36 as float...).
+constexpr int kPoison = 0x7b;
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+Buffer alloc_touched(size_t bytes) {
+  size_t rounded = (bytes + 4095) / 4096 * 4096;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
+  if (p) std::memset(p, 1, std::max<size_t>(rounded, 4096));  // fault the pages in before timing
+  return Buffer(p);
+}
+
+// Combines a per-rank value across ranks with the communicator itself
+// (outside any timed region).
+class Control {
+ public:
+  explicit Control(Comm& comm) : comm_(comm) {}
+  Result<double> combine(double v, Average how) {
+    Result<Work> w = Status::ok();
+    switch (how) {
+      case Average::kRank0: w = comm_.broadcast(&v, &v, 1, DataType::kFloat64, 0); break;
+      case Average::kAvg: w = comm_.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kSum); break;
+      case Average::kMin: w = comm_.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kMin); break;
+      case Average::kMax: w = comm_.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kMax); break;
+    }
+    if (!w.is_ok()) return w.status();
+    Status s = w->wait();
+    if (!s.is_ok()) return s;
+    return how == Average::kAvg ? v / comm_.size() : v;
+  }
+  Result<double> sum(double v) {
+    auto w = comm_.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kSum);
+    if (!w.is_ok()) return w.status();
+    Status s = w->wait();
+    if (!s.is_ok()) return s;
+    return v;
+  }
+  Status barrier() { return sum(0).status(); }
+
+ private:
+  Comm& comm_;
 };
 
-void usage(const char* prog) {
-  printf(
-      "usage: %s [options]\n"
-      "  -b, --minbytes SIZE   smallest size (default 32M; K/M/G suffixes)\n"
-      "  -e, --maxbytes SIZE   largest size (default 32M)\n"
-      "  -f, --stepfactor F    multiply the size by F between steps\n"
-      "  -i, --stepbytes SIZE  add SIZE between steps (when -f is not given; default 1M)\n"
-      "  -n, --iters N         timed iterations per size (default 20)\n"
-      "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
-      "  -c, --check 0/1       verify results in closed form (default 1)\n"
-      "  -d, --datatype T      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
-      "  -o, --op OP           sum prod max min avg (default sum)\n"
-      "  -r, --root R          root for broadcast/reduce (default 0)\n"
-      "  -z, --blocking 0/1    wait for each operation before the next (default 0)\n"
-      "  -h, --help\n"
-      "Ranks come from the environment: run under loomrun, mpirun, srun or torchrun.\n",
-      prog);
-}
-
-bool parse_size(const char* s, size_t* out) {
-  uint64_t v;
-  if (!parse_bytes(s, &v)) return false;
-  *out = v;
-  return true;
-}
-
-// nccl-tests conventions: the "size" column and the busbw factor per collective.
-struct Shape {
-  size_t send_count, recv_count;  // elements in the buffers
-  size_t count;                   // the per-call count argument
-  double bus_factor;
+struct Context {
+  Comm& comm;
+  Bench bench;
+  const Options& o;
+  std::byte* send;
+  std::byte* recv;
+  IssueState state;
 };
 
-Shape shape_for(Collective c, size_t bytes, size_t es, int n) {
-  size_t total = bytes / es;
-  switch (c) {
-    case Collective::kAllReduce: return {total, total, total, 2.0 * (n - 1) / n};
-    case Collective::kReduceScatter: {
-      size_t per = total / n;
-      return {per * n, per, per, double(n - 1) / n};
-    }
-    case Collective::kAllGather: {
-      size_t per = total / n;
-      return {per, per * n, per, double(n - 1) / n};
-    }
-    case Collective::kAllToAll: {
-      size_t per = total / n;
-      return {per * n, per * n, per, double(n - 1) / n};
-    }
-    default: return {total, total, total, 1.0};
-  }
-}
-
-Result<Work> issue(Comm& comm, Collective c, const void* send, void* recv, size_t count, const Options& o) {
-  const int n = comm.size(), r = comm.rank();
-  switch (c) {
-    case Collective::kAllReduce: return comm.allreduce(send, recv, count, o.dt, o.op);
-    case Collective::kReduceScatter: return comm.reduce_scatter(send, recv, count, o.dt, o.op);
-    case Collective::kAllGather: return comm.all_gather(send, recv, count, o.dt);
-    case Collective::kBroadcast: return comm.broadcast(send, recv, count, o.dt, o.root);
-    case Collective::kReduce: return comm.reduce(send, recv, count, o.dt, o.op, o.root);
-    case Collective::kAllToAll: return comm.all_to_all(send, recv, count, o.dt);
-    case Collective::kSendRecv: {
-      comm.group_start();
-      (void)comm.send(send, count, o.dt, (r + 1) % n);
-      (void)comm.recv(recv, count, o.dt, (r - 1 + n) % n);
-      return comm.group_end();
-    }
-  }
-  return invalid_argument("collective");
-}
-
-bool reduces(Collective c) {
-  return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
-}
-
-// The send/recv pointers of one call; in place follows NCCL's layout rules.
-std::pair<std::byte*, std::byte*> buffers_for(Collective c, std::byte* send, std::byte* recv, const Shape& s, size_t es,
-                                              int r, bool in_place) {
-  if (!in_place) return {send, recv};
-  if (c == Collective::kReduceScatter) return {recv, recv + r * s.count * es};
-  if (c == Collective::kAllGather) return {recv + r * s.count * es, recv};
-  return {recv, recv};
-}
-
-// Fills inputs, runs once, counts wrong elements on this rank.
-size_t verify_once(Comm& comm, Collective c, std::byte* send, std::byte* recv, const Shape& s, const Options& o,
-                   bool in_place, Status* err) {
-  const int n = comm.size(), r = comm.rank();
-  const size_t es = dtype_size(o.dt);
-  const RedOp fop = reduces(c) ? o.op : RedOp::kSum;
-  auto [sp, rp] = buffers_for(c, send, recv, s, es, r, in_place);
-  verifiable::fill(sp, s.send_count, o.dt, fop, r);
-  auto w = issue(comm, c, sp, rp, s.count, o);
-  *err = w.is_ok() ? w->wait() : w.status();
-  if (!err->is_ok()) return 0;
-  std::string first;
-  switch (c) {
-    case Collective::kAllReduce: return verifiable::count_wrong_reduced(rp, s.count, o.dt, o.op, n, 0, &first);
-    case Collective::kReduceScatter:
-      return verifiable::count_wrong_reduced(rp, s.count, o.dt, o.op, n, r * s.count, &first);
-    case Collective::kReduce:
-      return r == o.root ? verifiable::count_wrong_reduced(rp, s.count, o.dt, o.op, n, 0, &first) : 0;
-    case Collective::kBroadcast: return verifiable::count_wrong_copied(rp, s.count, o.dt, fop, o.root, 0, &first);
-    case Collective::kAllGather: {
-      size_t w2 = 0;
-      for (int b = 0; b < n; ++b) w2 += verifiable::count_wrong_copied(rp + b * s.count * es, s.count, o.dt, fop, b, 0, &first);
-      return w2;
-    }
-    case Collective::kAllToAll: {
-      size_t w2 = 0;
-      for (int b = 0; b < n; ++b)
-        w2 += verifiable::count_wrong_copied(rp + b * s.count * es, s.count, o.dt, fop, b, r * s.count, &first);
-      return w2;
-    }
-    case Collective::kSendRecv:
-      return verifiable::count_wrong_copied(rp, s.count, o.dt, fop, (r - 1 + n) % n, 0, &first);
-  }
-  return 0;
-}
-
-// Times iters operations; returns microseconds per operation on this rank.
-double time_ops(Comm& comm, Collective c, std::byte* send, std::byte* recv, const Shape& s, const Options& o,
-                bool in_place, int iters, Status* err) {
-  const int r = comm.rank();
-  const size_t es = dtype_size(o.dt);
-  auto [sp, rp] = buffers_for(c, send, recv, s, es, r, in_place);
-  auto t0 = std::chrono::steady_clock::now();
+// Issues `iters` iterations of `agg` operations each and waits for the last.
+Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
+  const size_t es = dtype_size(c.o.dt);
+  Buffers buf = buffers_for(c.bench, c.send, c.recv, s, es, c.comm.rank(), in_place);
   Work last;
   for (int i = 0; i < iters; ++i) {
-    auto w = issue(comm, c, sp, rp, s.count, o);
-    if (!w.is_ok()) {
-      *err = w.status();
-      return 0;
+    if (c.o.agg > 1) c.comm.group_start();
+    Status err;
+    for (int a = 0; a < c.o.agg && err.is_ok(); ++a) {
+      auto w = issue(c.comm, c.bench, buf, s, c.o, &c.state);
+      if (!w.is_ok()) err = w.status();
+      else if (c.o.agg == 1) last = *w;
     }
-    if (o.blocking) {
-      *err = w->wait();
-      if (!err->is_ok()) return 0;
+    if (c.o.agg > 1) {
+      auto g = c.comm.group_end();  // always close the group, even after an error
+      if (err.is_ok() && !g.is_ok()) err = g.status();
+      if (err.is_ok()) last = *g;
     }
-    last = *w;
+    if (!err.is_ok()) return err;
+    if (c.o.blocking) {
+      Status w = last.wait();
+      if (!w.is_ok()) return w;
+    }
   }
-  *err = last.wait();
+  return last.valid() ? last.wait() : Status::ok();
+}
+
+// nccl-tests' BenchTime: one untimed operation, a barrier, then the timed loop.
+Result<double> time_ops(Context& c, const Shape& s, bool in_place, Control& ctl) {
+  LOOM_RETURN_IF_ERROR(run_ops(c, s, in_place, 1));
+  LOOM_RETURN_IF_ERROR(ctl.barrier());
+  auto t0 = std::chrono::steady_clock::now();
+  LOOM_RETURN_IF_ERROR(run_ops(c, s, in_place, c.o.iters));
   auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters);
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / (double(c.o.iters) * c.o.agg);
 }
 
-// Sum of a double over ranks (for averaging times and totalling #wrong).
-double sum_over_ranks(Comm& comm, double v) {
-  auto w = comm.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kSum);
-  if (w.is_ok()) (void)w->wait();
-  return v;
-}
-
-const char* nccl_type_name(DataType dt) {
-  switch (dt) {
-    case DataType::kInt8: return "int8";
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kUint32: return "uint32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUint64: return "uint64";
-    case DataType::kFloat16: return "half";
-    case DataType::kFloat32: return "float";
-    case DataType::kFloat64: return "double";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFp8E4M3: return "f8e4m3";
-    case DataType::kFp8E5M2: return "f8e5m2";
+// Verification runs: poison, fill closed-form inputs, run once, count.
+Result<double> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
+  const size_t es = dtype_size(c.o.dt);
+  const int r = c.comm.rank(), n = c.comm.size();
+  Buffers buf = buffers_for(c.bench, c.send, c.recv, s, es, r, in_place);
+  double wrong_all = 0;
+  for (int k = 0; k < c.o.check; ++k) {
+    std::memset(c.recv, kPoison, std::max(s.send_count, s.recv_count) * es);
+    fill_inputs(c.bench, buf, s, c.o, r, n);
+    auto w = issue(c.comm, c.bench, buf, s, c.o, &c.state);
+    if (!w.is_ok()) return w.status();
+    LOOM_RETURN_IF_ERROR(w->wait());
+    std::string first;
+    size_t wrong = count_wrong(c.bench, buf, s, c.o, r, n, &first);
+    if (wrong > 0)
+      fprintf(stderr, "rank %d: %s %zu B %s: %zu wrong elements; first: %s\n", r, bench_name(c.bench), s.size_bytes,
+              in_place ? "in-place" : "out-of-place", wrong, first.c_str());
+    auto total = ctl.sum(static_cast<double>(wrong));
+    if (!total.is_ok()) return total.status();
+    wrong_all = *total;
+    if (wrong_all > 0) break;
   }
-  return "?";
+  return wrong_all;
+}
+
+Measure make_measure(double us, const Shape& s, double wrong) {
+  Measure m;
+  m.time_us = us;
+  m.algbw = us > 0 ? s.algbw_bytes / (us * 1e3) : 0;  // bytes/us/1e3 = decimal GB/s
+  m.busbw = m.algbw * s.bus_factor;
+  m.wrong = wrong;
+  return m;
+}
+
+// -A: LOOM_ALGO must be in the environment before the communicator exists.
+std::string apply_algo_flag(Bench bench, const Options& o, std::vector<std::string>* header) {
+  if (o.algo.empty()) {
+    const char* env = std::getenv("LOOM_ALGO");
+    return env && *env ? std::string("LOOM_ALGO=") + env : "auto";
+  }
+  Collective coll;
+  if (o.algo.find(':') == std::string::npos && !bench_collective(bench, &coll)) {
+    header->push_back(std::string("-A ") + o.algo + " ignored: " + bench_name(bench) + " is a send/recv pattern");
+    return "auto";
+  }
+  std::string spec = o.algo.find(':') != std::string::npos ? o.algo : std::string(collective_name(coll)) + ":" + o.algo;
+  setenv("LOOM_ALGO", spec.c_str(), 1);
+  return "LOOM_ALGO=" + spec;
+}
+
+bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// nccl-tests' "Using devices" block: one line per rank (host memory here).
+std::vector<std::string> rank_lines(Comm& comm) {
+  struct Ident {
+    int64_t pid;
+    char host[56];
+  };
+  Ident me{};
+  me.pid = getpid();
+  snprintf(me.host, sizeof me.host, "%s", host_name().c_str());
+  std::vector<Ident> all(static_cast<size_t>(comm.size()));
+  auto w = comm.all_gather(&me, all.data(), sizeof(Ident), DataType::kUint8);
+  std::vector<std::string> out;
+  if (!w.is_ok() || !w->wait().is_ok()) return out;
+  out.push_back("Using devices");
+  char line[160];
+  for (int r = 0; r < comm.size(); ++r) {
+    snprintf(line, sizeof line, " Rank %2d Group  0 Pid %6lld on %10s device  - host memory", r,
+             static_cast<long long>(all[r].pid), all[r].host);
+    out.push_back(line);
+  }
+  return out;
 }
 
 }  // namespace
 
 int perf_main(int argc, char** argv, Collective coll) {
-  Options o;
-  static option longopts[] = {{"minbytes", required_argument, nullptr, 'b'},
-                              {"maxbytes", required_argument, nullptr, 'e'},
-                              {"stepfactor", required_argument, nullptr, 'f'},
-                              {"stepbytes", required_argument, nullptr, 'i'},
-                              {"iters", required_argument, nullptr, 'n'},
-                              {"warmup_iters", required_argument, nullptr, 'w'},
-                              {"check", required_argument, nullptr, 'c'},
-                              {"datatype", required_argument, nullptr, 'd'},
-                              {"op", required_argument, nullptr, 'o'},
-                              {"root", required_argument, nullptr, 'r'},
-                              {"blocking", required_argument, nullptr, 'z'},
-                              {"help", no_argument, nullptr, 'h'},
-                              {nullptr, 0, nullptr, 0}};
-  int ch;
-  while ((ch = getopt_long(argc, argv, "b:e:f:i:n:w:c:d:o:r:z:h", longopts, nullptr)) != -1) {
-    switch (ch) {
-      case 'b': if (!parse_size(optarg, &o.min_bytes)) { fprintf(stderr, "bad -b %s\n", optarg); return 2; } break;
-      case 'e': if (!parse_size(optarg, &o.max_bytes)) { fprintf(stderr, "bad -e %s\n", optarg); return 2; } break;
-      case 'f': o.factor = atof(optarg); break;
-      case 'i': if (!parse_size(optarg, &o.step)) { fprintf(stderr, "bad -i %s\n", optarg); return 2; } break;
-      case 'n': o.iters = atoi(optarg); break;
-      case 'w': o.warmup = atoi(optarg); break;
-      case 'c': o.check = atoi(optarg); break;
-      case 'd': {
-        auto dt = parse_dtype(optarg);
-        if (!dt) { fprintf(stderr, "unknown data type '%s'\n", optarg); return 2; }
-        o.dt = *dt;
-        break;
-      }
-      case 'o': {
-        auto op = parse_redop(optarg);
-        if (!op) { fprintf(stderr, "unknown op '%s'\n", optarg); return 2; }
-        o.op = *op;
-        break;
-      }
-      case 'r': o.root = atoi(optarg); break;
-      case 'z': o.blocking = atoi(optarg) != 0; break;
-      case 'h': usage(argv[0]); return 0;
-      default: usage(argv[0]); return 2;
-    }
+  Bench b = Bench::kAllReduce;
+  switch (coll) {
+    case Collective::kAllReduce: b = Bench::kAllReduce; break;
+    case Collective::kReduceScatter: b = Bench::kReduceScatter; break;
+    case Collective::kAllGather: b = Bench::kAllGather; break;
+    case Collective::kBroadcast: b = Bench::kBroadcast; break;
+    case Collective::kReduce: b = Bench::kReduce; break;
+    case Collective::kAllToAll: b = Bench::kAllToAll; break;
+    case Collective::kSendRecv: b = Bench::kSendRecv; break;
   }
-  if (o.factor != 0 && o.factor <= 1.0) { fprintf(stderr, "-f must be > 1\n"); return 2; }
-  if (o.max_bytes < o.min_bytes) { fprintf(stderr, "-e must be >= -b\n"); return 2; }
+  return perf_main(argc, argv, b);
+}
 
-  auto comm_r = Comm::init_from_env();
-  if (!comm_r.is_ok()) {
-    fprintf(stderr, "%s: %s\n", argv[0], comm_r.status().to_string().c_str());
-    return 1;
-  }
-  Comm& comm = **comm_r;
-  const int n = comm.size(), rank = comm.rank();
-  const size_t es = dtype_size(o.dt);
-  const bool rooted = coll == Collective::kBroadcast || coll == Collective::kReduce;
-  if (rooted && (o.root < 0 || o.root >= n)) {
-    if (rank == 0) fprintf(stderr, "root %d out of range [0, %d)\n", o.root, n);
+int perf_main(int argc, char** argv, Bench bench) {
+  setlinebuf(stdout);
+  Options o;
+  if (int rc = parse_options(argc, argv, bench, &o); rc >= 0) return rc;
+  std::vector<std::string> header;
+  const std::string algo = apply_algo_flag(bench, o, &header);
+
+  // Under mpirun there is no rendezvous address in the environment: MPI
+  // carries the unique id. --baseline mpi needs MPI in any case.
+  const bool env_has_root = std::getenv("LOOM_ROOT_ADDR") || std::getenv("MASTER_ADDR");
+  const bool use_mpi = o.baseline_mpi || (launched_by_mpi() && !env_has_root && mpi_built());
+  if (o.baseline_mpi && !launched_by_mpi()) {
+    fprintf(stderr, "%s: --baseline mpi needs an MPI launch (mpirun -np N %s ...)\n", argv[0], argv[0]);
     return 2;
   }
-  const bool print = rank == 0;
-  if (print) {
-    printf("# Loom %s benchmark: %d ranks, %s, %s\n", collective_name(coll), n, nccl_type_name(o.dt), redop_name(o.op));
-    printf("#  nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d agg iters: 1 validation: %d blocking: %d\n",
-           o.min_bytes, o.max_bytes, o.factor ? o.factor : double(o.step), o.factor ? "factor" : "bytes", o.warmup,
-           o.iters, o.check, o.blocking ? 1 : 0);
-    auto algos = algorithms_for(coll);
-    printf("# Topology: %d rank(s) on host %s, transport shm (POSIX shared-memory FIFOs, futex wake-ups)\n", n,
-           host_name().c_str());
-    for (const Algorithm* a : algos)
-      printf("# Algorithm %s for %s: %s%s\n", a->name, collective_name(coll), a->description,
-             a == algos.front() ? " [selected]" : "");
-    printf("#\n");
-    printf("#%75s%32s\n", "out-of-place", "in-place");
-    printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root", "time",
-           "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
-           "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    fflush(stdout);
+  if (use_mpi) {
+    Status s = mpi_init(&argc, &argv);
+    if (!s.is_ok()) {
+      fprintf(stderr, "%s: %s\n", argv[0], s.to_string().c_str());
+      return 2;
+    }
   }
-  // Buffers sized for the largest step, allocated once and touched once.
-  Shape maxs = shape_for(coll, o.max_bytes, es, n);
-  size_t alloc = std::max(maxs.send_count, maxs.recv_count) * es + 64;
-  std::vector<std::byte> sendv(alloc, std::byte{1}), recvv(alloc, std::byte{2});
-  double bw_sum = 0;
-  int bw_count = 0;
-  double wrong_total = 0;
+  Config cfg;
+  cfg.timeout_s = o.timeout_s;
+  cfg.name = bench_name(bench);
+  auto comm_r = use_mpi ? comm_from_mpi_world(cfg) : Comm::init_from_env(cfg);
+  if (!comm_r.is_ok()) {
+    fprintf(stderr, "%s: %s\n", argv[0], comm_r.status().to_string().c_str());
+    if (launched_by_mpi() && !mpi_built())
+      fprintf(stderr, "%s: this build has no MPI; under mpirun set LOOM_ROOT_ADDR=host:port for the rendezvous\n",
+              argv[0]);
+    mpi_finalize();
+    return 1;
+  }
+  std::unique_ptr<Comm> comm_owner = std::move(*comm_r);
+  Comm& comm = *comm_owner;
+  const int n = comm.size(), rank = comm.rank();
+  const bool print = rank == 0;
+  auto finish = [&](int rc) {
+    (void)comm.destroy();
+    comm_owner.reset();
+    mpi_finalize();
+    return rc;
+  };
+  if (bench_rooted(bench) && o.root >= n) {
+    if (print) fprintf(stderr, "%s: root %d out of range [0, %d)\n", argv[0], o.root, n);
+    return finish(2);
+  }
+
+  RunInfo info;
+  info.bench = bench;
+  info.nranks = n;
+  info.host = host_name();
+  info.bootstrap = use_mpi ? "mpi" : "env";
+  info.algorithm = algo;
+  info.opts = o;
+  if (o.baseline_mpi) info.mpi_library = mpi_library_version();
+  std::vector<std::string> lines = rank_lines(comm);
+  lines.insert(lines.begin(), header.begin(), header.end());
+  lines.push_back("Algorithm: " + algo);
+  Collective coll;
+  if (bench_collective(bench, &coll)) {
+    std::string names;
+    for (const Algorithm* a : algorithms_for(coll)) names += std::string(names.empty() ? "" : ", ") + a->name;
+    lines.push_back("Algorithms available for " + std::string(collective_name(coll)) + ": " + names);
+  }
+  if (o.baseline_mpi) lines.push_back("Baseline: " + info.mpi_library);
+  Report report(info);
+  if (print) report.begin(lines);
+
+  if (bench == Bench::kHypercube && !is_pow2(n)) {
+    if (print) {
+      printf("nRanks %d is not a power of 2, skipping\n", n);
+      report.finish(0, false);
+    }
+    return finish(0);
+  }
+
+  const std::vector<size_t> sizes = sweep_sizes(o);
+  const size_t es = dtype_size(o.dt);
+  size_t max_elems = 0;
+  for (size_t bytes : sizes) {
+    Shape s = shape_for(bench, bytes, es, n);
+    max_elems = std::max({max_elems, s.send_count, s.recv_count});
+  }
+  Buffer sendb = alloc_touched(max_elems * es + 64), recvb = alloc_touched(max_elems * es + 64);
+  if (!sendb || !recvb) {
+    fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, max_elems * es);
+    return finish(1);
+  }
+  Context ctx{comm, bench, o, sendb.get(), recvb.get(), {}};
+  Control ctl(comm);
   bool failed = false;
-  for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
-    Shape s = shape_for(coll, bytes, es, n);
-    size_t eff_bytes = std::max(s.send_count, s.recv_count) * es;  // nccl-tests "size"
-    if (coll == Collective::kAllReduce || rooted || coll == Collective::kSendRecv) eff_bytes = s.count * es;
-    double t[2] = {0, 0}, wrong[2] = {0, 0};
-    for (int ip = 0; ip < 2 && !failed; ++ip) {
-      Status err;
-      time_ops(comm, coll, sendv.data(), recvv.data(), s, o, ip == 1, o.warmup, &err);
-      double us = err.is_ok() ? time_ops(comm, coll, sendv.data(), recvv.data(), s, o, ip == 1, o.iters, &err) : 0;
-      if (err.is_ok() && o.check) {
-        wrong[ip] = static_cast<double>(verify_once(comm, coll, sendv.data(), recvv.data(), s, o, ip == 1, &err));
-      }
-      if (!err.is_ok()) {
-        fprintf(stderr, "rank %d: %s\n", rank, err.to_string().c_str());
-        failed = true;
+  auto fail = [&](const Status& s) {
+    fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
+    failed = true;
+  };
+
+  // nccl-tests warms up at the largest size, then at the smallest.
+  if (!sizes.empty() && o.warmup > 0) {
+    size_t largest = *std::max_element(sizes.begin(), sizes.end());
+    size_t smallest = *std::min_element(sizes.begin(), sizes.end());
+    for (size_t bytes : {largest, smallest}) {
+      Status s = run_ops(ctx, shape_for(bench, bytes, es, n), false, std::max(1, o.warmup / o.agg));
+      if (!s.is_ok()) {
+        fail(s);
         break;
       }
-      t[ip] = sum_over_ranks(comm, us) / n;
-      wrong[ip] = o.check ? sum_over_ranks(comm, wrong[ip]) : -1;
+    }
+  }
+
+  Progress progress(print && (o.progress || isatty(STDERR_FILENO)), bench_name(bench), sizes);
+  double wrong_total = 0;
+  for (size_t i = 0; i < sizes.size() && !failed; ++i) {
+    if (print) progress.start(i);
+    const Shape s = shape_for(bench, sizes[i], es, n);
+    Row row;
+    row.size_bytes = s.size_bytes;
+    row.count = s.count;
+    for (int ip = 0; ip < 2 && !failed; ++ip) {
+      auto us = time_ops(ctx, s, ip == 1, ctl);
+      if (!us.is_ok()) { fail(us.status()); break; }
+      auto t = ctl.combine(*us, o.average);
+      if (!t.is_ok()) { fail(t.status()); break; }
+      double wrong = -1;
+      if (o.check > 0) {
+        auto w = verify(ctx, s, ip == 1, ctl);
+        if (!w.is_ok()) { fail(w.status()); break; }
+        wrong = *w;
+        wrong_total += wrong;
+      }
+      (ip == 0 ? row.out_of_place : row.in_place) = make_measure(*t, s, wrong);
     }
     if (failed) break;
-    if (print) {
-      printf("%12zu %13zu %9s %7s %7d", eff_bytes, eff_bytes / es, nccl_type_name(o.dt),
-             reduces(coll) ? redop_name(o.op) : "none", rooted ? o.root : -1);
-      for (int ip = 0; ip < 2; ++ip) {
-        double algbw = t[ip] > 0 ? double(eff_bytes) / (t[ip] * 1e3) : 0;  // decimal GB/s
-        double busbw = algbw * s.bus_factor;
-        bw_sum += busbw;
-        ++bw_count;
-        if (o.check) printf(" %8.2f %7.2f %7.2f %6.0f", t[ip], algbw, busbw, wrong[ip]);
-        else printf(" %8.2f %7.2f %7.2f %6s", t[ip], algbw, busbw, "N/A");
+    if (o.baseline_mpi) {
+      Buffers buf = buffers_for(bench, ctx.send, ctx.recv, s, es, rank, false);
+      fill_inputs(bench, buf, s, o, rank, n);
+      mpi_barrier();
+      auto us = mpi_time(bench, buf, s, o, o.iters, std::max(1, o.warmup));
+      // Every rank takes the same branch: the type/op check is rank-independent.
+      if (us.is_ok()) {
+        auto t = ctl.combine(*us, o.average);
+        if (!t.is_ok()) { fail(t.status()); break; }
+        row.has_mpi = true;
+        row.mpi = make_measure(*t, s, -1);
+      } else if (print && i == 0) {
+        fprintf(stderr, "--baseline mpi: %s\n", us.status().to_string().c_str());
       }
-      printf("\n");
-      fflush(stdout);
     }
-    wrong_total += std::max(0.0, wrong[0]) + std::max(0.0, wrong[1]);
-    size_t next = o.factor ? static_cast<size_t>(std::ceil(bytes * o.factor)) : bytes + o.step;
-    if (next <= bytes) break;
-    bytes = next;
+    if (print) {
+      progress.done();
+      report.add(row);
+    }
   }
-  if (print && !failed) {
-    printf("# Out of bounds values : %.0f %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
-    printf("# Avg bus bandwidth    : %g \n", bw_count ? bw_sum / bw_count : 0.0);
-    printf("#\n");
-  }
+  if (print) progress.done();
+  // Leave together, before rank 0 spends time on files and plots: a peer
+  // that exits while another still holds the communicator looks like a death.
+  if (!failed) (void)ctl.barrier();
   (void)comm.destroy();
-  return failed ? 1 : (wrong_total == 0 ? 0 : 1);
+  bool files_ok = true;
+  if (print) files_ok = report.finish(wrong_total, failed);
+  int rc = failed ? 1 : (wrong_total == 0 && files_ok ? 0 : 1);
+  return finish(rc);
 }
 
 }  // namespace loom::perf

@@ -10,6 +10,10 @@ PKGS=(
   libgtest-dev libfmt-dev nlohmann-json3-dev
   libhwloc-dev hwloc libibverbs-dev
   libopenmpi-dev openmpi-bin
+  # Peers for perf-tests/compare.sh. MPICH installs mpicc/mpirun alternatives at
+  # a lower priority than Open MPI, which stays the default; compare.sh calls
+  # mpicc.mpich / mpirun.mpich by name.
+  mpich libmpich-dev libgloo-dev
   iproute2 procps psmisc
   iperf3 libgloo-dev
   gnuplot-nox

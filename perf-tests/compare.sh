@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# compare.sh: Loom against Open MPI, MPICH and Gloo on this machine, in one run.
+#
+#   perf-tests/compare.sh [--quick] [--build DIR] [--ranks "2 4 8"]
+#                         [--colls "allreduce reduce_scatter all_gather broadcast"]
+#                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
+#
+# For every collective and rank count (ranks beyond the cores are
+# oversubscribed) it runs the same size sweep with
+#   Loom     loomrun -n N <coll>_perf --csv          (build/bin)
+#   Open MPI mpirun --allow-run-as-root --oversubscribe -np N mpi_bench
+#   MPICH    mpirun.mpich -np N mpi_bench_mpich      (if mpicc.mpich was found)
+#   Gloo     loomrun -n N gloo_bench (TCP, every Gloo algorithm; the best counts)
+# then measures memcpy and 2-input reduce bandwidth (mem_bench) and prints,
+# per collective and rank count, busbw (or time for sizes < 64 KiB) per
+# library, the ratio Loom / best MPI, and for 2-rank allreduce the memory
+# model (each rank reduces half, then copies the peer's half).
+# Raw CSV, a markdown summary and a plot land in --out (default
+# build/compare-<date>). A missing peer is reported and skipped.
+# --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead
+# (same process placement and core binding as the Open MPI runs).
+# The summary alone can be recomputed from a raw.csv: --summarize DIR.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="$ROOT/build"
+RANKS="2 4 8"
+COLLS="allreduce reduce_scatter all_gather broadcast"
+QUICK=0
+OUT=""
+TIMEOUT=900
+LAUNCHER=loomrun
+SUMMARIZE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --build) BUILD="$(cd "$2" && pwd)"; shift ;;
+    --ranks) RANKS="$2"; shift ;;
+    --colls) COLLS="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    --timeout) TIMEOUT="$2"; shift ;;
+    --loom-launcher) LAUNCHER="$2"; shift ;;
+    --summarize) SUMMARIZE="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+BIN="$BUILD/bin"
+[ -n "$SUMMARIZE" ] && OUT="$SUMMARIZE"
+OUT="${OUT:-$BUILD/compare-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+RAW="$OUT/raw.csv"
+LOG="$OUT/log.txt"
+if [ -n "$SUMMARIZE" ]; then
+  [ -s "$RAW" ] || { echo "compare.sh: no $RAW to summarize" >&2; exit 2; }
+  echo "# summary recomputed from $RAW" > "$OUT/summary.md"
+else
+: > "$LOG"
+
+# Small sizes are latency-bound: many iterations; large ones bandwidth-bound.
+if [ "$QUICK" = 1 ]; then
+  SMALL="8,4K,64K"; LARGE="1M,4M"
+  SMALL_ITERS=(-n 50 -w 5); LARGE_ITERS=(-n 5 -w 1)
+else
+  SMALL="8,4K,64K,1M"; LARGE="4M,16M,64M,256M"
+  SMALL_ITERS=(-n 200 -w 20); LARGE_ITERS=(-n 10 -w 2)
+fi
+
+declare -A PERF=([allreduce]=all_reduce_perf [reduce_scatter]=reduce_scatter_perf
+                 [all_gather]=all_gather_perf [broadcast]=broadcast_perf)
+for b in loomrun mem_bench "${PERF[@]}"; do
+  [ -x "$BIN/$b" ] || { echo "compare.sh: $BIN/$b missing: build first (ninja -C $BUILD)" >&2; exit 2; }
+done
+HAVE_OMPI=0; HAVE_MPICH=0; HAVE_GLOO=0
+[ -x "$BIN/mpi_bench" ] && command -v mpirun.openmpi >/dev/null && HAVE_OMPI=1
+[ -x "$BIN/mpi_bench_mpich" ] && command -v mpirun.mpich >/dev/null && HAVE_MPICH=1
+[ -x "$BIN/gloo_bench" ] && HAVE_GLOO=1
+echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
+echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK" | tee -a "$OUT/summary.md"
+echo "# Loom launched by $LAUNCHER" | tee -a "$OUT/summary.md"
+echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
+if [ "$LAUNCHER" = mpirun ]; then
+  LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe -np)
+else
+  LOOM_RUN=("$BIN/loomrun" --no-prefix -n)
+fi
+
+# run LABEL CMD...: runs with a deadline, logs everything, returns the status.
+run() {
+  local label="$1"; shift
+  echo "## $label: $*" >> "$LOG"
+  timeout --kill-after=10 "$TIMEOUT" "$@" > "$OUT/last.out" 2>> "$LOG"
+  local rc=$?
+  cat "$OUT/last.out" >> "$LOG"
+  if [ $rc -ne 0 ]; then echo "compare.sh: $label failed (exit $rc), see $LOG" >&2; fi
+  return $rc
+}
+
+# Peer benchmarks print impl,coll,nranks,size,count,time_us,algbw,busbw,wrong.
+take_peer() { awk -F, 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9}' "$OUT/last.out" >> "$RAW"; }
+# Loom's --csv: collective,nranks,size,count,...,oop_time_us(8),oop_algbw,oop_busbw(10),oop_wrong(11)
+take_loom() { awk -F, 'NR>1 && NF>=11 {print "loom,"$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
+
+for n in $RANKS; do
+  for coll in $COLLS; do
+    echo "compare.sh: $coll on $n ranks" >&2
+    for part in small large; do
+      if [ $part = small ]; then sizes=$SMALL; iters=("${SMALL_ITERS[@]}"); check=1; giters=(-n 50 -w 5)
+      else sizes=$LARGE; iters=("${LARGE_ITERS[@]}"); check=0; giters=("${LARGE_ITERS[@]}"); fi
+      # Gloo's TCP transport needs ms per small operation once oversubscribed
+      # and runs every algorithm: fewer iterations keep it within --timeout.
+      run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
+          --sizes "$sizes" "${iters[@]}" -c $check --csv && take_loom
+      if [ $HAVE_OMPI = 1 ]; then
+        run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
+            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" -l ompi && take_peer
+      fi
+      if [ $HAVE_MPICH = 1 ]; then
+        run "mpich $coll n=$n $part" mpirun.mpich -np "$n" \
+            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${iters[@]}" -l mpich && take_peer
+      fi
+      if [ $HAVE_GLOO = 1 ]; then
+        store="$(mktemp -d)"
+        run "gloo $coll n=$n $part" "$BIN/loomrun" -n "$n" --no-prefix -- "$BIN/gloo_bench" -c "$coll" -d "$store" \
+            -s "$sizes" "${giters[@]}" && take_peer
+        rm -rf "$store"
+      fi
+    done
+  done
+done
+
+echo "compare.sh: memory reference (mem_bench)" >&2
+"$BIN/mem_bench" --sizes "$SMALL,$LARGE" > "$OUT/mem.csv" 2>> "$LOG" || echo "compare.sh: mem_bench failed" >&2
+fi  # measuring
+
+python3 - "$RAW" "$OUT/mem.csv" "$OUT" <<'PY' | tee -a "$OUT/summary.md"
+import csv, sys, collections
+raw, memf, out = sys.argv[1:4]
+data = collections.defaultdict(dict)   # (coll, n, size) -> impl -> (time_us, busbw, wrong)
+for r in csv.DictReader(open(raw)):
+    impl = "gloo" if r["impl"].startswith("gloo") else r["impl"]
+    key = (r["coll"], int(r["nranks"]), int(r["size"]))
+    t, bw, wrong = float(r["time_us"]), float(r["busbw"]), float(r["wrong"] or 0)
+    if key[2] == 0: continue  # nothing moved (e.g. 8 B split over 4 ranks)
+    prev = data[key].get(impl)
+    # Gloo: the best algorithm per size, preferring ones that verified.
+    if prev is None or (not wrong, bw) > (not prev[2], prev[1]):
+        data[key][impl] = (t, bw, wrong)
+mem = {}
+try:
+    for r in csv.DictReader(open(memf)):
+        mem[int(r["size"])] = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]))
+except OSError:
+    pass
+def human(b):
+    for unit, v in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= v and b % v == 0: return f"{b // v} {unit}"
+    return f"{b} B"
+impls = [i for i in ("loom", "ompi", "mpich", "gloo") if any(i in d for d in data.values())]
+print("\nbusbw in GB/s (decimal); sizes below 64 KiB show the time per operation in us instead.")
+print("ratio = Loom / best of Open MPI and MPICH (busbw; > 1: Loom is faster). 'x' marks a wrong result.\n")
+colls = []
+for (c, n, s) in data:
+    if (c, n) not in colls: colls.append((c, n))
+order = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
+for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
+    model = c == "allreduce" and n == 2 and mem
+    head = ["size"] + impls + ["ratio"] + (["model", "loom/model"] if model else [])
+    print(f"### {c}, {n} ranks\n")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for s in sorted(s for (cc, nn, s) in data if cc == c and nn == n):
+        d = data[(c, n, s)]
+        small = s < 65536
+        def cell(i):
+            if i not in d: return "-"
+            t, bw, w = d[i]
+            v = f"{t:.1f} us" if small else f"{bw:.2f}"
+            return v + (" x" if w else "")
+        row = [human(s)] + [cell(i) for i in impls]
+        mpis = [d[i][1] for i in ("ompi", "mpich") if i in d and d[i][1] > 0]
+        row.append(f"{d['loom'][1] / max(mpis):.2f}" if "loom" in d and mpis else "-")
+        if model:
+            m = mem.get(s)
+            row += [f"{m[2]:.2f}" if m else "-", f"{d['loom'][1] / m[2]:.0%}" if m and "loom" in d else "-"]
+        print("| " + " | ".join(row) + " |")
+    print()
+if mem:
+    print("### memory reference (one core)\n")
+    print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s |")
+    print("|---|---|---|---|")
+    for s in sorted(mem):
+        print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} |")
+# Plot data: 2-rank allreduce busbw per library and the model.
+with open(f"{out}/allreduce_2.dat", "w") as f:
+    f.write("# size " + " ".join(impls) + " model\n")
+    for (c, n, s), d in sorted(data.items(), key=lambda kv: kv[0][2]):
+        if c != "allreduce" or n != 2 or s < 4096: continue
+        vals = [f"{d[i][1]:.4f}" if i in d else "NaN" for i in impls]
+        vals.append(f"{mem[s][2]:.4f}" if s in mem else "NaN")
+        f.write(f"{s} " + " ".join(vals) + "\n")
+with open(f"{out}/allreduce_2.gp", "w") as f:
+    f.write(f"set terminal png size 900,560\nset output '{out}/allreduce_2ranks.png'\n")
+    f.write("set title 'allreduce, 2 ranks, shared memory'\nset logscale x 2\nset logscale y 10\n")
+    f.write("set format x '%.0b%B'\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset key top left\nset grid\n")
+    f.write("plot " + ", ".join(f"'{out}/allreduce_2.dat' using 1:{k + 2} with linespoints title '{name}'"
+                              for k, name in enumerate(impls + ["memory model"])) + "\n")
+PY
+if command -v gnuplot >/dev/null && [ -s "$OUT/allreduce_2.dat" ]; then
+  gnuplot "$OUT/allreduce_2.gp" 2>> "$LOG" && echo "plot: $OUT/allreduce_2ranks.png"
+fi
+echo "raw results: $RAW; summary: $OUT/summary.md; log: $LOG"

@@ -1,0 +1,265 @@
+#include "perf_options.h"
+
+#include <getopt.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "core/config.h"
+
+namespace loom::perf {
+
+const char* bench_name(Bench b) {
+  switch (b) {
+    case Bench::kAllReduce: return "allreduce";
+    case Bench::kReduceScatter: return "reduce_scatter";
+    case Bench::kAllGather: return "all_gather";
+    case Bench::kBroadcast: return "broadcast";
+    case Bench::kReduce: return "reduce";
+    case Bench::kAllToAll: return "alltoall";
+    case Bench::kSendRecv: return "sendrecv";
+    case Bench::kHypercube: return "hypercube";
+  }
+  return "?";
+}
+
+const char* bench_binary(Bench b) {
+  switch (b) {
+    case Bench::kAllReduce: return "all_reduce_perf";
+    case Bench::kReduceScatter: return "reduce_scatter_perf";
+    case Bench::kAllGather: return "all_gather_perf";
+    case Bench::kBroadcast: return "broadcast_perf";
+    case Bench::kReduce: return "reduce_perf";
+    case Bench::kAllToAll: return "alltoall_perf";
+    case Bench::kSendRecv: return "sendrecv_perf";
+    case Bench::kHypercube: return "hypercube_perf";
+  }
+  return "?";
+}
+
+bool bench_reduces(Bench b) {
+  return b == Bench::kAllReduce || b == Bench::kReduceScatter || b == Bench::kReduce;
+}
+bool bench_rooted(Bench b) { return b == Bench::kBroadcast || b == Bench::kReduce; }
+
+bool bench_collective(Bench b, Collective* out) {
+  switch (b) {
+    case Bench::kAllReduce: *out = Collective::kAllReduce; return true;
+    case Bench::kReduceScatter: *out = Collective::kReduceScatter; return true;
+    case Bench::kAllGather: *out = Collective::kAllGather; return true;
+    case Bench::kBroadcast: *out = Collective::kBroadcast; return true;
+    case Bench::kReduce: *out = Collective::kReduce; return true;
+    case Bench::kAllToAll: *out = Collective::kAllToAll; return true;
+    case Bench::kSendRecv:
+    case Bench::kHypercube: return false;
+  }
+  return false;
+}
+
+void print_usage(FILE* out, const char* prog) {
+  fprintf(out,
+          "usage: %s [options]\n"
+          "nccl-tests options:\n"
+          "  -b, --minbytes SIZE     smallest size (default 32M; K/M/G suffixes)\n"
+          "  -e, --maxbytes SIZE     largest size (default 32M)\n"
+          "  -f, --stepfactor F      multiply the size by F between steps\n"
+          "  -i, --stepbytes SIZE    add SIZE between steps when -f is not given (default 1M)\n"
+          "  -n, --iters N           timed iterations per size (default 20)\n"
+          "  -w, --warmup_iters N    untimed iterations at the largest and smallest size (default 5)\n"
+          "  -m, --agg_iters N       operations aggregated in one group per iteration (default 1)\n"
+          "  -c, --check N           verification runs per size, closed-form data; 0 = off (default 1)\n"
+          "  -d, --datatype T        int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
+          "                          f8e4m3 f8e5m2 (default float)\n"
+          "  -o, --op OP             sum prod max min avg (default sum)\n"
+          "  -r, --root R            root of broadcast / reduce (default 0)\n"
+          "  -z, --blocking 0/1      wait for each operation before issuing the next (default 0)\n"
+          "  -a, --average 0/1/2/3   time reported across ranks: 0=rank 0, 1=average, 2=min, 3=max (default 1)\n"
+          "  -T, --timeout SECONDS   deadline of every wait; a hung operation fails (default LOOM_TIMEOUT)\n"
+          "  -J, --output_file FILE  also write the results as JSON to FILE\n"
+          "Loom options:\n"
+          "  -A, --algo ALGO         force the algorithm (sets LOOM_ALGO=<collective>:ALGO before the\n"
+          "                          communicator is created; a full LOOM_ALGO spec is passed as is)\n"
+          "      --sizes LIST        explicit comma-separated sizes (8,4K,1M), instead of -b/-e/-f/-i\n"
+          "      --json[=FILE]       JSON results to FILE, or instead of the table on stdout\n"
+          "      --csv[=FILE]        CSV results to FILE, or instead of the table on stdout\n"
+          "      --baseline mpi      also time MPI's collective on the same buffers (needs an MPI build,\n"
+          "                          launched by mpirun) and print Loom/MPI busbw ratios per size\n"
+          "      --plot FILE.png     plot busbw against size with gnuplot\n"
+          "      --progress          progress lines on stderr even when it is not a terminal\n"
+          "  -h, --help\n"
+          "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
+          prog);
+}
+
+namespace {
+
+bool parse_size(const char* s, size_t* out) {
+  uint64_t v;
+  if (!parse_bytes(s, &v)) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_int(const char* s, int lo, int hi, int* out) {
+  char* end = nullptr;
+  long v = strtol(s, &end, 0);
+  if (end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool parse_size_list(const char* s, std::vector<size_t>* out) {
+  out->clear();
+  std::string_view rest(s);
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string item(rest.substr(0, comma));
+    size_t v;
+    if (item.empty() || !parse_size(item.c_str(), &v)) return false;
+    out->push_back(v);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return !out->empty();
+}
+
+enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress };
+
+}  // namespace
+
+int parse_options(int argc, char** argv, Bench bench, Options* o) {
+  static const option longopts[] = {{"minbytes", required_argument, nullptr, 'b'},
+                                    {"maxbytes", required_argument, nullptr, 'e'},
+                                    {"stepfactor", required_argument, nullptr, 'f'},
+                                    {"stepbytes", required_argument, nullptr, 'i'},
+                                    {"iters", required_argument, nullptr, 'n'},
+                                    {"warmup_iters", required_argument, nullptr, 'w'},
+                                    {"agg_iters", required_argument, nullptr, 'm'},
+                                    {"check", required_argument, nullptr, 'c'},
+                                    {"datatype", required_argument, nullptr, 'd'},
+                                    {"op", required_argument, nullptr, 'o'},
+                                    {"root", required_argument, nullptr, 'r'},
+                                    {"blocking", required_argument, nullptr, 'z'},
+                                    {"average", required_argument, nullptr, 'a'},
+                                    {"timeout", required_argument, nullptr, 'T'},
+                                    {"output_file", required_argument, nullptr, 'J'},
+                                    {"algo", required_argument, nullptr, 'A'},
+                                    {"nthreads", required_argument, nullptr, 't'},
+                                    {"ngpus", required_argument, nullptr, 'g'},
+                                    {"parallel_init", required_argument, nullptr, 'p'},
+                                    {"cudagraph", required_argument, nullptr, 'G'},
+                                    {"report_cputime", required_argument, nullptr, 'C'},
+                                    {"local_register", required_argument, nullptr, 'R'},
+                                    {"stream_null", required_argument, nullptr, 'y'},
+                                    {"run_cycles", required_argument, nullptr, 'N'},
+                                    {"sizes", required_argument, nullptr, kSizes},
+                                    {"json", optional_argument, nullptr, kJson},
+                                    {"csv", optional_argument, nullptr, kCsv},
+                                    {"baseline", required_argument, nullptr, kBaseline},
+                                    {"plot", required_argument, nullptr, kPlot},
+                                    {"progress", no_argument, nullptr, kProgress},
+                                    {"help", no_argument, nullptr, 'h'},
+                                    {nullptr, 0, nullptr, 0}};
+  const char* prog = argv[0];
+  auto bad = [&](const char* flag, const char* value) {
+    fprintf(stderr, "%s: invalid value '%s' for %s (see --help)\n", prog, value, flag);
+    return 2;
+  };
+  optind = 1;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "b:e:f:i:n:w:m:c:d:o:r:z:a:T:J:A:t:g:p:G:C:R:y:N:h", longopts, nullptr)) != -1) {
+    switch (ch) {
+      case 'b': if (!parse_size(optarg, &o->min_bytes)) return bad("-b", optarg); break;
+      case 'e': if (!parse_size(optarg, &o->max_bytes)) return bad("-e", optarg); break;
+      case 'f': {
+        char* end = nullptr;
+        o->factor = strtod(optarg, &end);
+        if (end == optarg || *end != '\0' || !(o->factor > 1.0)) return bad("-f (must be > 1)", optarg);
+        break;
+      }
+      case 'i': if (!parse_size(optarg, &o->step) || o->step == 0) return bad("-i", optarg); break;
+      case 'n': if (!parse_int(optarg, 1, 1 << 30, &o->iters)) return bad("-n", optarg); break;
+      case 'w': if (!parse_int(optarg, 0, 1 << 30, &o->warmup)) return bad("-w", optarg); break;
+      case 'm': if (!parse_int(optarg, 1, 1 << 20, &o->agg)) return bad("-m", optarg); break;
+      case 'c': if (!parse_int(optarg, 0, 1 << 20, &o->check)) return bad("-c", optarg); break;
+      case 'd': {
+        auto dt = parse_dtype(optarg);
+        if (!dt) return bad("-d", optarg);
+        o->dt = *dt;
+        break;
+      }
+      case 'o': {
+        auto op = parse_redop(optarg);
+        if (!op) return bad("-o", optarg);
+        o->op = *op;
+        break;
+      }
+      case 'r': if (!parse_int(optarg, 0, 1 << 30, &o->root)) return bad("-r", optarg); break;
+      case 'z': { int z; if (!parse_int(optarg, 0, 1, &z)) return bad("-z", optarg); o->blocking = z != 0; break; }
+      case 'a': {
+        int a;
+        if (!parse_int(optarg, 0, 3, &a)) return bad("-a (0..3)", optarg);
+        o->average = static_cast<Average>(a);
+        break;
+      }
+      case 'T': {
+        char* end = nullptr;
+        o->timeout_s = strtod(optarg, &end);
+        if (end == optarg || *end != '\0' || o->timeout_s < 0) return bad("-T", optarg);
+        break;
+      }
+      case 'J': o->json_file = optarg; break;
+      case 'A': o->algo = optarg; break;
+      case 't': case 'g': case 'p': case 'G': case 'C': case 'R': case 'y': case 'N':
+        o->notes.push_back(std::string("-") + static_cast<char>(ch) + " " + optarg +
+                           " ignored (GPU / thread option of nccl-tests; one Loom rank per process)");
+        break;
+      case kSizes: if (!parse_size_list(optarg, &o->sizes)) return bad("--sizes", optarg); break;
+      case kJson: if (optarg) o->json_file = optarg; else o->json_stdout = true; break;
+      case kCsv: if (optarg) o->csv_file = optarg; else o->csv_stdout = true; break;
+      case kBaseline:
+        if (std::strcmp(optarg, "mpi") != 0) return bad("--baseline (only 'mpi')", optarg);
+        o->baseline_mpi = true;
+        break;
+      case kPlot: o->plot_file = optarg; break;
+      case kProgress: o->progress = true; break;
+      case 'h': print_usage(stdout, prog); return 0;
+      default: print_usage(stderr, prog); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", prog, argv[optind]);
+    return 2;
+  }
+  if (o->sizes.empty() && o->max_bytes < o->min_bytes) {
+    fprintf(stderr, "%s: invalid sizes: -b %zu > -e %zu\n", prog, o->min_bytes, o->max_bytes);
+    return 2;
+  }
+  if (o->json_stdout && o->csv_stdout) {
+    fprintf(stderr, "%s: --json and --csv cannot both replace the table on stdout; give one a file\n", prog);
+    return 2;
+  }
+  if (bench == Bench::kHypercube && o->agg > 1) {
+    // Each exchange of the pattern consumes the previous one's output, so
+    // merging iterations into one group would race; nccl-tests has the same
+    // hazard. Run them one after the other instead.
+    o->notes.push_back("-m " + std::to_string(o->agg) + " ignored: hypercube steps depend on each other");
+    o->agg = 1;
+  }
+  return -1;
+}
+
+std::vector<size_t> sweep_sizes(const Options& o) {
+  if (!o.sizes.empty()) return o.sizes;
+  std::vector<size_t> out;
+  for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+    out.push_back(bytes);
+    size_t next = o.factor > 0 ? static_cast<size_t>(std::ceil(static_cast<double>(bytes) * o.factor)) : bytes + o.step;
+    if (next <= bytes) next = bytes + 1;  // -b 0 with -f: move on rather than loop forever
+    bytes = next;
+  }
+  return out;
+}
+
+}  // namespace loom::perf

@@ -1,0 +1,66 @@
+// Command line of the *_perf binaries: nccl-tests' flags plus Loom's own.
+//
+// nccl-tests flags: -b -e -f -i -n -w -m -c -d -o -r -z -a -T -J (same
+// meanings and defaults as nccl-tests; -t/-g/-p/-G/-C/-R/-y/-N are accepted
+// for scripts written for nccl-tests and ignored with a note, since a Loom
+// rank is a process). Loom flags: -A ALGO, --sizes LIST, --json[=FILE],
+// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "loom/types.h"
+
+namespace loom::perf {
+
+// What a binary measures: a Collective, or nccl-tests' hypercube pattern
+// (an all-gather made of log2(n) grouped send/recv exchanges).
+enum class Bench { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kAllToAll, kSendRecv, kHypercube };
+
+const char* bench_name(Bench b);        // "allreduce", ..., "hypercube"
+const char* bench_binary(Bench b);      // "all_reduce_perf", ...
+bool bench_reduces(Bench b);            // uses -o
+bool bench_rooted(Bench b);             // uses -r
+// The Collective whose algorithm -A selects; false for p2p patterns.
+bool bench_collective(Bench b, Collective* out);
+
+// How -a combines per-rank times (nccl-tests: 0=rank 0, 1=avg, 2=min, 3=max).
+enum class Average { kRank0 = 0, kAvg = 1, kMin = 2, kMax = 3 };
+
+struct Options {
+  size_t min_bytes = 32u << 20;   // -b
+  size_t max_bytes = 32u << 20;   // -e
+  double factor = 0;              // -f; 0 = add `step` instead
+  size_t step = 1u << 20;         // -i
+  std::vector<size_t> sizes;      // --sizes: explicit list, overrides -b/-e/-f/-i
+  int iters = 20;                 // -n
+  int warmup = 5;                 // -w
+  int agg = 1;                    // -m: operations aggregated in one group per iteration
+  int check = 1;                  // -c: verification runs per size (0 = none)
+  DataType dt = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  int root = 0;
+  bool blocking = false;          // -z
+  Average average = Average::kAvg;  // -a
+  double timeout_s = 0;           // -T: deadline of every wait (0 = LOOM_TIMEOUT)
+  std::string algo;               // -A: "ring" or a full LOOM_ALGO spec
+  bool json_stdout = false, csv_stdout = false;  // --json / --csv without a file
+  std::string json_file, csv_file;  // -J FILE, --json=FILE, --csv=FILE
+  bool baseline_mpi = false;      // --baseline mpi
+  std::string plot_file;          // --plot FILE.png
+  bool progress = false;          // --progress: progress lines even when stderr is not a TTY
+  std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
+};
+
+// Parses argv into *o. Returns -1 to go on, else the exit code to return
+// (0 after --help, 2 after an error, which has been printed to stderr).
+int parse_options(int argc, char** argv, Bench bench, Options* o);
+void print_usage(FILE* out, const char* prog);
+
+// The sizes (bytes) the sweep visits, in order.
+std::vector<size_t> sweep_sizes(const Options& o);
+
+}  // namespace loom::perf
