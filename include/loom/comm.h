@@ -95,6 +95,17 @@ class Comm {
   // (key, old rank). color < 0 means "not part of any": returns nullptr.
   Result<std::unique_ptr<Comm>> split(int color, int key);
 
+  // Called by the ranks NOT in `exclude` only (excluded ranks may be dead):
+  // they form a new communicator whose ranks follow their old order. With
+  // abort_first this communicator is aborted first (error recovery: its
+  // outstanding operations fail at once); it must still be destroyed. Every
+  // survivor must pass the same list (any order). Bad lists (this rank, out of
+  // range, everyone) are kInvalidArgument; lists that differ between
+  // survivors are kInvalidUsage on all of them. An empty name in `config`
+  // gives "<name>.shrink"; timeout_s <= 0 keeps this communicator's timeout.
+  Result<std::unique_ptr<Comm>> shrink(const std::vector<int>& exclude, bool abort_first = false,
+                                       const Config& config = {});
+
   int rank() const;
   int size() const;
   const std::string& name() const;

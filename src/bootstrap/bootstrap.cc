@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -19,6 +20,8 @@ namespace {
 constexpr char kUidMagic[8] = {'L', 'O', 'O', 'M', 'U', 'I', 'D', '1'};
 constexpr uint32_t kHelloMagic = 0x4c4f4f4d;  // "LOOM"
 constexpr uint32_t kRingMagic = 0x4c4f5247;   // "LORG"
+constexpr uint32_t kShrinkMagic = 0x4c4f5348;  // "LOSH": never taken for a ring hello
+constexpr int32_t kMaxShrinkList = 1 << 20;
 
 struct Hello {
   uint32_t magic;
@@ -31,6 +34,15 @@ struct RingHello {
   uint32_t magic;
   int32_t rank;
   uint64_t secret;
+};
+
+// Followed by nexcluded int32 ranks.
+struct ShrinkHello {
+  uint32_t magic;
+  uint32_t generation;
+  uint64_t secret;
+  int32_t rank;
+  int32_t nexcluded;
 };
 
 struct Reply {
@@ -51,6 +63,12 @@ void send_reply(int fd, bool ok, const void* data, uint32_t len) {
   Reply r{ok ? 1u : 0u, len};
   Deadline dl = deadline_after(5);
   if (send_all(fd, &r, sizeof(r), dl).is_ok() && len) (void)send_all(fd, data, len, dl);
+}
+
+std::string rank_list(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
 }
 
 void root_main(Fd listen_fd, uint64_t secret, double timeout_s) {
@@ -269,6 +287,168 @@ Status Bootstrap::allgather(void* data, size_t bytes, Deadline deadline) {
 Status Bootstrap::barrier(Deadline deadline) {
   std::vector<char> tmp(nranks_);
   return allgather(tmp.data(), 1, deadline);
+}
+
+Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline) {
+  const uint32_t gen = ++shrink_gen_;
+  std::vector<bool> gone(nranks_, false);
+  for (int r : excluded) {
+    if (r < 0 || r >= nranks_ || r == rank_) return invalid_argument("shrink_rendezvous: bad exclude list " + rank_list(excluded));
+    gone[r] = true;
+  }
+  std::vector<int> survivors;
+  for (int r = 0; r < nranks_; ++r)
+    if (!gone[r]) survivors.push_back(r);
+  const int coord = survivors.front();
+
+  if (coord != rank_) {
+    // The abort flag is ignored on purpose: the parent is often aborted.
+    SockAddr to = peers_[coord].listen();
+    auto fd = tcp_connect(to, deadline, nullptr);
+    if (!fd.is_ok())
+      return fd.status().with_context("shrink: cannot reach the coordinator, rank " + std::to_string(coord) + " at " +
+                                      to.to_string());
+    ShrinkHello h{kShrinkMagic, gen, secret_, rank_, static_cast<int32_t>(excluded.size())};
+    std::vector<int32_t> list(excluded.begin(), excluded.end());
+    Status st = send_all(fd->get(), &h, sizeof(h), deadline, nullptr);
+    if (st.is_ok() && !list.empty()) st = send_all(fd->get(), list.data(), list.size() * sizeof(int32_t), deadline, nullptr);
+    Reply rep{};
+    if (st.is_ok()) st = recv_all(fd->get(), &rep, sizeof(rep), deadline, nullptr);
+    if (!st.is_ok())
+      return st.with_context("shrink: waiting for the coordinator, rank " + std::to_string(coord) +
+                             " (the lowest rank not excluded)");
+    if (rep.len > (1u << 20)) return remote_error("shrink: absurd reply size from the coordinator");
+    std::string payload(rep.len, '\0');
+    LOOM_RETURN_IF_ERROR(recv_all(fd->get(), payload.data(), rep.len, deadline, nullptr).with_context("shrink"));
+    if (!rep.ok) return invalid_usage("shrink failed: " + payload);
+    if (rep.len != sizeof(UniqueId)) return remote_error("shrink: reply of wrong size from the coordinator");
+    UniqueId id;
+    std::memcpy(id.bytes, payload.data(), sizeof(id.bytes));
+    return id;
+  }
+
+  // Coordinator: one hello from every other survivor (by this rank's list).
+  // Answer a little before the survivors give up, so that they receive the
+  // precise error (who did not come) rather than a timeout of their own.
+  Deadline accept_dl = deadline;
+  if (deadline - Clock::now() > std::chrono::seconds(4)) accept_dl = deadline - std::chrono::seconds(2);
+  if (shrink_answered_.empty()) shrink_answered_.assign(nranks_, 0);
+  std::vector<ShrinkArrival> here;  // at most one per rank
+  std::vector<int> arrived(nranks_, 0);
+  size_t count = 0;
+  std::string error;
+  // Takes one hello into this round, keeps it for a later one, or drops it.
+  auto take = [&](ShrinkArrival a) {
+    const int r = a.rank;
+    if (r < 0 || r >= nranks_) {
+      if (error.empty())
+        error = "a process called shrink as rank " + std::to_string(r) + " of " + std::to_string(nranks_);
+      here.push_back(std::move(a));
+      return;
+    }
+    if (a.generation <= shrink_answered_[r]) {
+      LOOM_WARN(kLogBoot, "rank {}: shrink dropped a stale hello of rank {} (generation {}, answered up to {})", rank_,
+                r, a.generation, shrink_answered_[r]);
+      return;
+    }
+    if (gone[r]) {
+      shrink_pending_.push_back(std::move(a));  // left out of this round: maybe in the next one
+      return;
+    }
+    for (auto& h : here) {
+      if (h.rank != r) continue;
+      if (h.generation == a.generation) {
+        if (error.empty()) error = "rank " + std::to_string(r) + " called shrink twice";
+        here.push_back(std::move(a));
+      } else if (h.generation < a.generation) {
+        LOOM_WARN(kLogBoot, "rank {}: shrink replaced a stale hello of rank {} (generation {} by {})", rank_, r,
+                  h.generation, a.generation);
+        h = std::move(a);
+      }
+      return;
+    }
+    if (error.empty() && a.excluded != excluded)
+      error = "exclude lists differ: rank " + std::to_string(r) + " excludes " + rank_list(a.excluded) + ", rank " +
+              std::to_string(rank_) + " excludes " + rank_list(excluded);
+    arrived[r] = 1;
+    ++count;
+    here.push_back(std::move(a));
+  };
+  {
+    std::vector<ShrinkArrival> kept;
+    kept.swap(shrink_pending_);
+    for (auto& a : kept) take(std::move(a));
+  }
+  for (;;) {
+    while (count + 1 < survivors.size()) {
+      SockAddr from;
+      auto fd = tcp_accept(listen_.get(), accept_dl, nullptr, &from);
+      if (!fd.is_ok()) break;
+      ShrinkHello h{};
+      Deadline short_dl = std::min(deadline, deadline_after(5));
+      Status st = recv_all(fd->get(), &h, sizeof(h), short_dl, nullptr);
+      if (!st.is_ok() || h.magic != kShrinkMagic || h.secret != secret_ || h.nexcluded < 0 ||
+          h.nexcluded > kMaxShrinkList) {
+        // Strangers, a late ring hello (other magic), garbage.
+        LOOM_WARN(kLogBoot, "rank {}: shrink dropped a connection from {} ({})", rank_, from.to_string(),
+                  !st.is_ok() ? st.message() : std::string("wrong magic, secret or list size"));
+        continue;
+      }
+      ShrinkArrival a;
+      a.rank = h.rank;
+      a.generation = h.generation;
+      if (h.nexcluded > 0) {
+        std::vector<int32_t> list(static_cast<size_t>(h.nexcluded));
+        st = recv_all(fd->get(), list.data(), list.size() * sizeof(int32_t), short_dl, nullptr);
+        if (!st.is_ok()) {
+          LOOM_WARN(kLogBoot, "rank {}: shrink dropped a hello from {} ({})", rank_, from.to_string(), st.message());
+          continue;
+        }
+        a.excluded.assign(list.begin(), list.end());
+      }
+      a.fd = std::move(fd).value();
+      take(std::move(a));
+    }
+    if (count + 1 < survivors.size()) {
+      std::vector<int> missing;
+      for (int r : survivors)
+        if (r != rank_ && !arrived[r]) missing.push_back(r);
+      if (error.empty())
+        error = "survivor rank(s) " + rank_list(missing) + " did not call shrink before the deadline (exclude list " +
+                rank_list(excluded) + "; dead ranks must be excluded)";
+      break;
+    }
+    // A survivor that gave up (closed) was not really here: wait for its retry.
+    bool lost = false;
+    for (auto it = here.begin(); it != here.end();) {
+      char c;
+      if (it->rank >= 0 && it->rank < nranks_ && recv(it->fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+        LOOM_WARN(kLogBoot, "rank {}: shrink: rank {} closed its connection before the answer", rank_, it->rank);
+        arrived[it->rank] = 0;
+        --count;
+        lost = true;
+        it = here.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!lost || !error.empty()) break;
+  }
+  for (const auto& a : here)
+    if (a.rank >= 0 && a.rank < nranks_) shrink_answered_[a.rank] = std::max(shrink_answered_[a.rank], a.generation);
+  UniqueId id;
+  if (error.empty()) {
+    auto made = get_unique_id();
+    if (made.is_ok()) id = *made;
+    else error = "the coordinator could not create a unique id: " + made.status().message();
+  }
+  if (!error.empty()) {
+    LOOM_WARN(kLogBoot, "rank {}: shrink failed: {}", rank_, error);
+    for (auto& a : here) send_reply(a.fd.get(), false, error.data(), static_cast<uint32_t>(error.size()));
+    return invalid_usage("shrink failed: " + error);
+  }
+  for (auto& a : here) send_reply(a.fd.get(), true, id.bytes, sizeof(id.bytes));
+  return id;
 }
 
 }  // namespace loom

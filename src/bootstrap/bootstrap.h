@@ -7,6 +7,13 @@
 // appears once, then sends every rank the full table (or the one precise error
 // to everyone) and exits. Connections with a wrong secret or garbage are dropped
 // with a warning and never trusted.
+//
+// Shrink: after init each rank keeps its listening socket. shrink_rendezvous
+// lets the survivors of a communicator (those not excluded; excluded ranks may
+// be dead and take no part) agree on a fresh unique id without the ring: the
+// lowest survivor accepts one hello from every other survivor on its listen
+// socket and answers each with the id it created, or with the one precise
+// error (exclude lists that differ, a survivor that never came) to everyone.
 #pragma once
 
 #include <atomic>
@@ -68,6 +75,18 @@ class Bootstrap {
   Status barrier(Deadline deadline);
   void set_abort_flag(const std::atomic<bool>* abort) { abort_ = abort; }
 
+  // Survivors-only rendezvous for Comm::shrink. `excluded` must be sorted,
+  // unique, in range and not hold this rank. Every survivor calls it with the
+  // same list; the result is the unique id of the shrunk communicator. Does
+  // not use the ring (a dead rank breaks it) and ignores the abort flag (the
+  // parent is usually aborted first). Each call advances this rank's
+  // generation counter; the coordinator drops a hello whose generation it has
+  // already answered (left over from an earlier, failed round), lets a newer
+  // hello of the same rank replace an older one, and keeps hellos of ranks it
+  // excludes for a later round (a rank left out of one shrink may take part
+  // in the next one, one generation behind the others).
+  Result<UniqueId> shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline);
+
  private:
   Bootstrap() = default;
   int rank_ = 0, nranks_ = 0;
@@ -75,6 +94,16 @@ class Bootstrap {
   std::vector<PeerInfo> peers_;
   Fd listen_, next_, prev_;
   const std::atomic<bool>* abort_ = nullptr;
+  uint32_t shrink_gen_ = 0;
+  // Coordinator side of shrink_rendezvous.
+  struct ShrinkArrival {
+    Fd fd;
+    int32_t rank = -1;
+    uint32_t generation = 0;
+    std::vector<int> excluded;
+  };
+  std::vector<uint32_t> shrink_answered_;      // per rank: highest generation answered
+  std::vector<ShrinkArrival> shrink_pending_;  // hellos kept for a later round
 };
 
 }  // namespace loom

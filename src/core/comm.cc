@@ -188,6 +188,31 @@ Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
   return init_rank(ids[group.front().rank].uid, static_cast<int>(group.size()), new_rank, cfg);
 }
 
+Result<std::unique_ptr<Comm>> Comm::shrink(const std::vector<int>& exclude, bool abort_first, const Config& config) {
+  const int n = impl_->size(), me = impl_->rank();
+  std::vector<int> excl = exclude;
+  std::sort(excl.begin(), excl.end());
+  excl.erase(std::unique(excl.begin(), excl.end()), excl.end());
+  for (int r : excl) {
+    if (r < 0 || r >= n)
+      return invalid_argument(fmt::format("shrink: excluded rank {} out of range [0, {})", r, n));
+    if (r == me)
+      return invalid_argument(fmt::format("shrink: rank {} excludes itself (excluded ranks must not call shrink)", me));
+  }
+  if (static_cast<int>(excl.size()) >= n) return invalid_argument("shrink: every rank is excluded");
+  if (abort_first) impl_->abort("aborted by shrink");
+  Deadline dl = deadline_after(config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s());
+  auto id = impl_->bootstrap().shrink_rendezvous(excl, dl);
+  if (!id.is_ok()) return id.status().with_context(fmt::format("shrink of {} rank {}", impl_->name(), me));
+  int new_rank = me;
+  for (int r : excl)
+    if (r < me) --new_rank;
+  Config cfg = config;
+  if (cfg.name.empty()) cfg.name = impl_->name() + ".shrink";
+  if (cfg.timeout_s <= 0) cfg.timeout_s = impl_->config().timeout_s;
+  return init_rank(*id, n - static_cast<int>(excl.size()), new_rank, cfg);
+}
+
 int Comm::rank() const { return impl_->rank(); }
 int Comm::size() const { return impl_->size(); }
 const std::string& Comm::name() const { return impl_->name(); }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "shim/alias.h"
 #include "shim/shim.h"
@@ -230,11 +231,20 @@ extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
       if (excludeRanksList[i] < 0 || excludeRanksList[i] >= c->nranks)
         return invalid_argument("excluded rank " + std::to_string(excludeRanksList[i]) +
                                 " out of range");
-    if (excludeRanksCount == 0 && shrinkFlags == NCCL_SHRINK_DEFAULT)
-      return split_impl(c, 0, c->rank, newcomm, config);  // nothing excluded: a duplicate
-    // Shrinking needs a split that the excluded (possibly dead) ranks do not
-    // join; loom::Comm has no such primitive yet.
-    return not_supported("ncclCommShrink with excluded ranks is not supported by Loom yet");
+      else if (excludeRanksList[i] == c->rank)
+        return invalid_argument("rank " + std::to_string(c->rank) +
+                                " excludes itself (excluded ranks must not call ncclCommShrink)");
+    *newcomm = nullptr;
+    LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, settings_of(c)));
+    std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
+    const bool abort_first = shrinkFlags == NCCL_SHRINK_ABORT;
+    // NCCL_SHRINK_ABORT: error recovery, outstanding work is aborted first.
+    // Otherwise the parent's outstanding work completes before the shrink.
+    if (abort_first) c->comm->abort("ncclCommShrink with NCCL_SHRINK_ABORT");
+    (void)drain(c);
+    loom::Config lc = to_loom(pc);
+    auto make = [c, excluded, abort_first, lc] { return c->comm->shrink(excluded, abort_first, lc); };
+    return create(newcomm, pc, -1, -1, make);
   });
 }
 

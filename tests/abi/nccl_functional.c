@@ -2,7 +2,7 @@
  * A program written for NCCL, compiled against NVIDIA's nccl.h and linked
  * with Loom's libnccl.so.2: 4 ranks as forked processes (host buffers, unique
  * ids shared through files) run every collective for every data type and
- * reduction, Send/Recv in groups, Split, PreMulSum, non-blocking init,
+ * reduction, Send/Recv in groups, Split, Shrink, PreMulSum, non-blocking init,
  * InitRankScalable, Abort (also with peers blocked), GroupSimulateEnd,
  * registration, windows and bad input. Afterwards the parent process checks
  * ncclCommInitAll and grouped ncclCommInitRank from one thread.
@@ -368,6 +368,57 @@ static void test_split(ncclComm_t world) {
   NCCLCHECK(ncclCommDestroy(half));
 }
 
+/* ---- shrink ------------------------------------------------------------ */
+
+static void test_shrink(ncclComm_t world) {
+  /* Bad lists fail locally, before any rendezvous, and leave world usable. */
+  ncclComm_t out = NULL;
+  int self[1] = {g_rank}, far[1] = {kRanks};
+  EXPECT_ERROR(ncclCommShrink(world, self, 1, &out, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+               "excludes itself");
+  EXPECT_ERROR(ncclCommShrink(world, far, 1, &out, NULL, NCCL_SHRINK_ABORT), ncclInvalidArgument,
+               "out of range");
+
+  /* Ranks 0, 1, 3 drop rank 2, which does not call; world stays intact. */
+  if (g_rank != 2) {
+    int excl[1] = {2};
+    ncclComm_t small = NULL;
+    NCCLCHECK(ncclCommShrink(world, excl, 1, &small, NULL, NCCL_SHRINK_DEFAULT));
+    int count = -1, rank = -1;
+    NCCLCHECK(ncclCommCount(small, &count));
+    NCCLCHECK(ncclCommUserRank(small, &rank));
+    CHECK(count == 3, "shrunk count %d, want 3", count);
+    CHECK(rank == (g_rank < 2 ? g_rank : 2), "shrunk rank %d (old %d)", rank, g_rank);
+    int v = g_rank + 1;
+    NCCLCHECK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, small, NULL));
+    CHECK(v == 1 + 2 + 4, "allreduce on the shrunk comm gave %d, want 7", v);
+    NCCLCHECK(ncclCommDestroy(small));
+  }
+
+  /* Error recovery: a duplicate (nothing excluded) is shrunk with
+   * NCCL_SHRINK_ABORT by ranks 0, 2, 3 while rank 1 just destroys it. */
+  ncclComm_t dup = NULL;
+  NCCLCHECK(ncclCommShrink(world, NULL, 0, &dup, NULL, NCCL_SHRINK_DEFAULT));
+  if (g_rank == 1) {
+    NCCLCHECK(ncclCommDestroy(dup));
+  } else {
+    int excl[1] = {1};
+    ncclComm_t rest = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.commName = "rest";
+    NCCLCHECK(ncclCommShrink(dup, excl, 1, &rest, &cfg, NCCL_SHRINK_ABORT));
+    float f[3] = {(float)g_rank, 1.0f, -2.0f};
+    NCCLCHECK(ncclAllReduce(f, f, 3, ncclFloat, ncclSum, rest, NULL));
+    CHECK(f[0] == 5.0f && f[1] == 3.0f && f[2] == -6.0f, "allreduce after abort+shrink gave %g %g %g", f[0],
+          f[1], f[2]);
+    NCCLCHECK(ncclCommDestroy(rest));
+    (void)ncclCommDestroy(dup);
+  }
+  int w = 1;
+  NCCLCHECK(ncclAllReduce(&w, &w, 1, ncclInt32, ncclSum, world, NULL));
+  CHECK(w == kRanks, "world after shrinks gave %d", w);
+}
+
 /* ---- PreMulSum --------------------------------------------------------- */
 
 static void test_premulsum(ncclComm_t comm) {
@@ -591,6 +642,7 @@ static void run_rank(void) {
   test_movement(world);
   test_p2p_and_groups(world);
   test_split(world);
+  test_shrink(world);
   test_premulsum(world);
   test_nonblocking();
   test_scalable();
@@ -711,7 +763,7 @@ int main(void) {
     fprintf(stderr, "nccl_functional: FAILED (%d single-process checks)\n", g_failures);
     return 1;
   }
-  printf("nccl_functional: OK (4 ranks x %d types x %d ops; movement, p2p, groups, split, "
+  printf("nccl_functional: OK (4 ranks x %d types x %d ops; movement, p2p, groups, split, shrink, "
          "PreMulSum, non-blocking, scalable, abort, bad input; InitAll)\n",
          ncclNumTypes, ncclNumOps);
   return 0;

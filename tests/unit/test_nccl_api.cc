@@ -169,11 +169,12 @@ TEST(NcclApi, SplitInAGroupAndShrinkWithoutExclusions) {
     EXPECT_EQ(n, kN);
     EXPECT_EQ(ncclCommDestroy(d), ncclSuccess);
   }
-  // Excluding ranks needs a primitive Loom does not have yet: said plainly.
-  int excluded = 3;
+  // Shrinks that exclude ranks are tested in tests/inproc/test_shrink.cc and
+  // tests/multiproc/test_shrink.cc; here only the local argument checks.
+  int excluded = 3, self = 0;
   ncclComm_t none = nullptr;
-  EXPECT_EQ(ncclCommShrink(w.c[0], &excluded, 1, &none, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("not supported"), std::string::npos);
+  EXPECT_EQ(ncclCommShrink(w.c[0], &self, 1, &none, nullptr, NCCL_SHRINK_ABORT), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("excludes itself"), std::string::npos);
   EXPECT_EQ(ncclCommShrink(w.c[0], &excluded, 1, &none, nullptr, 9), ncclInvalidArgument);
 }
 
