@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -30,12 +31,15 @@ void on_signal(int sig) { g_signal = sig; }
 
 void usage(FILE* out) {
   fprintf(out,
-          "usage: loomrun -n N [--grace SECONDS] [--no-prefix] [--] program [args...]\n"
+          "usage: loomrun -n N [--grace SECONDS] [--bind core|none] [--no-prefix] [--] program [args...]\n"
           "  Starts N ranks of program on this host with LOOM_RANK, LOOM_WORLD_SIZE,\n"
           "  LOOM_ROOT_ADDR (127.0.0.1:<free port>), LOOM_SECRET and LOOM_LOCAL_RANK set.\n"
           "  Output lines are prefixed with [rank]. If a rank exits non-zero or is killed,\n"
           "  the others get --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
-          "  then are terminated; loomrun exits non-zero with a summary.\n");
+          "  then are terminated; loomrun exits non-zero with a summary.\n"
+          "  --bind core (default) pins rank r to the r-th CPU loomrun may use (modulo their\n"
+          "  number), like mpirun's --bind-to core: ranks that migrate between cores pay\n"
+          "  for it in latency. --bind none leaves placement to the kernel.\n");
 }
 
 int free_port() {
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   double grace = 3.0;
   if (const char* g = getenv("LOOM_LOOMRUN_GRACE")) grace = atof(g);
   bool prefix = true;
+  bool bind = true;
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -106,6 +111,11 @@ int main(int argc, char** argv) {
     } else if (a == "--grace") {
       if (i + 1 >= argc) { usage(stderr); return 2; }
       grace = atof(argv[++i]);
+    } else if (a == "--bind") {
+      if (i + 1 >= argc) { usage(stderr); return 2; }
+      std::string b = argv[++i];
+      if (b != "core" && b != "none") { usage(stderr); return 2; }
+      bind = b == "core";
     } else if (a == "--no-prefix") {
       prefix = false;
     } else if (a == "-h" || a == "--help") {
@@ -133,6 +143,14 @@ int main(int argc, char** argv) {
   snprintf(root, sizeof(root), "127.0.0.1:%d", port);
   snprintf(sec, sizeof(sec), "%016llx", secret);
 
+  // The CPUs this loomrun may use; rank r is pinned to the (r mod count)-th.
+  std::vector<int> cpus;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
     int fds[2];
@@ -142,6 +160,12 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       // Own process group: ending a rank ends whatever it started too.
       setpgid(0, 0);
+      if (bind && !cpus.empty()) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[r % cpus.size()], &one);
+        sched_setaffinity(0, sizeof(one), &one);
+      }
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       setenv("LOOM_RANK", std::to_string(r).c_str(), 1);

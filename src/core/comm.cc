@@ -19,6 +19,17 @@ using detail::CommImpl;
 Status Work::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return Status::ok();  // inner group calls return an empty Work
   auto& s = *state_;
+  // Blocking wait: run the communicator's queued ops (ours among them) on this
+  // thread when the engine is not already running them: no hand-off to the
+  // engine thread and back, which costs two wake-ups per op.
+  if (timeout == std::chrono::milliseconds::max() && !s.done.load(std::memory_order_acquire)) {
+    if (auto gate = s.gate.lock()) {
+      std::unique_lock<std::mutex> g(gate->mu, std::try_to_lock);
+      if (g.owns_lock() && gate->comm)
+        while (!s.done.load(std::memory_order_acquire) && gate->comm->run_next_queued()) {
+        }
+    }
+  }
   // Short spin first (about 20 us, yielding): small collectives finish within
   // microseconds, and a futex sleep + wake-up costs more than that.
   auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);

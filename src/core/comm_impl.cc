@@ -70,6 +70,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
   LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
+  c->gate_->comm = c.get();
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
             c->transport_->name(), c->timeout_s_);
@@ -189,6 +190,7 @@ Result<Work> CommImpl::group_end() {
 
 Result<Work> CommImpl::enqueue(Op op) {
   op.work = std::make_shared<WorkState>();
+  op.work->gate = gate_;
   for (auto& s : op.subs) {
     s.seq = next_seq_++;
     if (s.args.coll != Collective::kSendRecv) s.coll_seq = next_coll_seq_++;
@@ -319,28 +321,47 @@ void CommImpl::engine_main() {
         _mm_pause();
       }
     }
-    Op op;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return !queue_.empty() || stopping_; });
       if (queue_.empty()) return;
-      op = std::move(queue_.front());
-      queue_.pop_front();
-      pending_.fetch_sub(1, std::memory_order_relaxed);
     }
-    Status st = async_error();
-    if (!st.is_ok()) st = Status(st.code(), "communicator failed earlier: " + st.message());
-    else if (abort_.load()) st = aborted_error("communicator aborted");
-    for (auto& sub : op.subs) {
-      if (!st.is_ok()) break;
-      st = run_sub(sub);
-      if (!st.is_ok()) {
-        LOOM_WARN(kLogColl, "{}", st.message());
-        fail(st);
-      }
+    std::unique_lock<std::mutex> g(gate_->mu, std::try_to_lock);
+    if (!g.owns_lock()) {
+      // A thread blocked in Work::wait is running ops. Do not queue up behind
+      // it (that costs a second wake-up per op); look again shortly in case
+      // it returns with ops left, e.g. ones issued after the one it waits for.
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_; });
+      continue;
     }
-    op.work->complete(st);
+    while (run_next_queued()) {
+    }
   }
+}
+
+bool CommImpl::run_next_queued() {
+  Op op;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (queue_.empty()) return false;
+    op = std::move(queue_.front());
+    queue_.pop_front();
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  Status st = async_error();
+  if (!st.is_ok()) st = Status(st.code(), "communicator failed earlier: " + st.message());
+  else if (abort_.load()) st = aborted_error("communicator aborted");
+  for (auto& sub : op.subs) {
+    if (!st.is_ok()) break;
+    st = run_sub(sub);
+    if (!st.is_ok()) {
+      LOOM_WARN(kLogColl, "{}", st.message());
+      fail(st);
+    }
+  }
+  op.work->complete(st);
+  return true;
 }
 
 void CommImpl::abort(const std::string& reason) {
@@ -360,6 +381,12 @@ Status CommImpl::destroy() {
   }
   cv_.notify_all();
   if (engine_.joinable()) engine_.join();
+  {
+    // A thread inside Work::wait may still be running an op: wait for it,
+    // then make sure no later wait can reach this communicator.
+    std::lock_guard<std::mutex> g(gate_->mu);
+    gate_->comm = nullptr;
+  }
   exec_.reset();
   transport_.reset();
   boot_.reset();

@@ -26,11 +26,22 @@
 namespace loom {
 namespace detail {
 
+class CommImpl;
+
+// Whoever holds mu runs the communicator's queued ops: the engine thread, or a
+// thread blocked in Work::wait, which then runs them itself instead of paying
+// two cross-thread wake-ups per op. comm is cleared (under mu) by destroy.
+struct EngineGate {
+  std::mutex mu;
+  CommImpl* comm = nullptr;
+};
+
 struct WorkState {
   std::atomic<int> done{0};
   Status status;  // written once before done is set
   std::mutex mu;
   std::condition_variable cv;
+  std::weak_ptr<EngineGate> gate;
   void complete(Status st);
 };
 
@@ -56,6 +67,8 @@ class CommImpl final : public diag::DiagClient {
   Status destroy();
   Status async_error() const;
   Result<double> predict_us(Collective coll, size_t bytes) const;
+  // Runs the oldest queued op, if any; the caller holds the EngineGate.
+  bool run_next_queued();
   // The communicator's tuner (tests read its calibrated cost parameters).
   topo::Tuner* tuner() { return tuner_.get(); }
 
@@ -116,6 +129,7 @@ class CommImpl final : public diag::DiagClient {
   };
   std::map<ScheduleKey, RankSchedule> schedule_cache_;  // engine thread only
   std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
+  std::shared_ptr<EngineGate> gate_ = std::make_shared<EngineGate>();
   std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
 

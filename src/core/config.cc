@@ -32,8 +32,9 @@ std::vector<ParamInfo>& registry() {
        "1: each communicator measures ring-neighbour latency and bandwidth (8 B and 4 MiB ping-pongs) and the "
        "reduction throughput at init (tens of ms), agrees on the worst values across ranks and feeds them to the "
        "tuner; overrides LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS / LOOM_TUNE_REDUCE_GBPS."},
-      {"LOOM_ENGINE_SPIN_US", "int", "50",
-       "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at once."},
+      {"LOOM_ENGINE_SPIN_US", "int", "0",
+       "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at "
+       "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use)."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_HOST_ID", "string", "",
@@ -141,7 +142,7 @@ uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20);
 uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
-int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 50)); }
+int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
 int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }
 int socket_nthreads() { return static_cast<int>(env_int("LOOM_SOCKET_NTHREADS", 2)); }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <immintrin.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -16,6 +18,9 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       mem_(mem),
       abort_(abort),
       spin_(params::spin_count()),
+      // Oversubscribed (more ranks than CPUs): yield often so the peer we wait
+      // for gets the core; otherwise rarely (a yield is a syscall).
+      yield_mask_(nranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) ? 7 : 127),
       send_gate_(nranks, 0),
       recv_gate_(nranks, 0),
       send_hdr_token_(nranks, 0),
@@ -163,7 +168,10 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       continue;
     }
     if (++idle < spin_) {
-      _mm_pause();
+      // Yield now and then: with more ranks than cores the peer we wait for
+      // may need this very core to make progress.
+      if ((idle & yield_mask_) == yield_mask_) sched_yield();
+      else _mm_pause();
       continue;
     }
     // Idle: look at abort, deadline and the peers we wait on, then sleep.

@@ -77,6 +77,7 @@ class Executor {
   MemoryBackend* mem_;
   const std::atomic<bool>* abort_;
   int spin_;
+  int yield_mask_;  // sched_yield every (yield_mask_ + 1) idle polls
   std::byte* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::vector<Active> active_;
