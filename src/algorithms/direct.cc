@@ -117,7 +117,17 @@ Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
     Step st;
     st.peer = op.peer;
     st.count = op.count;
-    if (op.is_send) {
+    if (op.is_send && op.stage) {
+      Step copy;
+      copy.kind = StepKind::kCopy;
+      copy.src = {kBufUser + static_cast<BufId>(i), 0};
+      copy.dst = {kBufScratch, s.scratch_count};
+      copy.count = op.count;
+      p.steps.insert(p.steps.begin(), copy);  // local steps run before the phase's communication
+      st.kind = StepKind::kSend;
+      st.src = {kBufScratch, s.scratch_count};
+      s.scratch_count += op.count;
+    } else if (op.is_send) {
       st.kind = StepKind::kSend;
       st.src = {kBufUser + static_cast<BufId>(i), 0};
     } else {

@@ -75,6 +75,10 @@ struct P2pOp {
   bool is_send = false;
   int peer = 0;
   size_t count = 0;  // elements of the group's dtype
+  // A send whose buffer overlaps a receive of the same group (in place, like
+  // MPI_Sendrecv_replace): it is copied to scratch first, so the receive
+  // cannot overwrite data the peer has not read yet.
+  bool stage = false;
 };
 
 // What a schedule generator needs to know about one collective call on one rank.

@@ -25,9 +25,12 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
   if (timeout == std::chrono::milliseconds::max() && !s.done.load(std::memory_order_acquire)) {
     if (auto gate = s.gate.lock()) {
       std::unique_lock<std::mutex> g(gate->mu, std::try_to_lock);
-      if (g.owns_lock() && gate->comm)
+      if (g.owns_lock() && gate->comm) {
         while (!s.done.load(std::memory_order_acquire) && gate->comm->run_next_queued()) {
         }
+        // Still under the gate: destroy() cannot free the comm meanwhile.
+        gate->comm->after_waiter_progress();
+      }
     }
   }
   // Short spin first (about 20 us, yielding): small collectives finish within

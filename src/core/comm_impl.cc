@@ -183,9 +183,24 @@ Result<Work> CommImpl::group_end() {
   Op op;
   op.subs = std::move(group_subs_);
   group_subs_.clear();
+  if (group_p2p_index_ >= 0) mark_aliased_sends(op.subs[group_p2p_index_]);
   group_p2p_index_ = -1;
   LOOM_RETURN_IF_ERROR(check_usable("group_end"));
   return enqueue(std::move(op));
+}
+
+void CommImpl::mark_aliased_sends(SubOp& g) {
+  const size_t es = dtype_size(g.args.dt);
+  auto& ops = g.args.p2p;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].is_send || ops[i].peer == rank_ || ops[i].count == 0) continue;
+    const std::byte* s = g.bufs[kBufUser + i];
+    for (size_t j = 0; j < ops.size() && !ops[i].stage; ++j) {
+      if (ops[j].is_send || ops[j].count == 0) continue;
+      const std::byte* r = g.bufs[kBufUser + j];
+      if (s < r + ops[j].count * es && r < s + ops[i].count * es) ops[i].stage = true;
+    }
+  }
 }
 
 Result<Work> CommImpl::enqueue(Op op) {
@@ -331,13 +346,20 @@ void CommImpl::engine_main() {
       // A thread blocked in Work::wait is running ops. Do not queue up behind
       // it (that costs a second wake-up per op); look again shortly in case
       // it returns with ops left, e.g. ones issued after the one it waits for.
+      // Parked on its own condition variable, so the enqueue of every op the
+      // waiting thread will run itself does not wake the engine too.
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_; });
+      gate_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_; });
       continue;
     }
     while (run_next_queued()) {
     }
   }
+}
+
+void CommImpl::after_waiter_progress() {
+  // Ops issued after the one the waiter needed are left: hand them to the engine.
+  if (pending_.load(std::memory_order_acquire) > 0) gate_cv_.notify_one();
 }
 
 bool CommImpl::run_next_queued() {
@@ -380,6 +402,7 @@ Status CommImpl::destroy() {
     stop_requested_.store(true);
   }
   cv_.notify_all();
+  gate_cv_.notify_all();
   if (engine_.joinable()) engine_.join();
   {
     // A thread inside Work::wait may still be running an op: wait for it,

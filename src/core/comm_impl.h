@@ -69,6 +69,8 @@ class CommImpl final : public diag::DiagClient {
   Result<double> predict_us(Collective coll, size_t bytes) const;
   // Runs the oldest queued op, if any; the caller holds the EngineGate.
   bool run_next_queued();
+  // Called by a waiter (holding the EngineGate) when it stops running ops.
+  void after_waiter_progress();
   // The communicator's tuner (tests read its calibrated cost parameters).
   topo::Tuner* tuner() { return tuner_.get(); }
 
@@ -91,6 +93,8 @@ class CommImpl final : public diag::DiagClient {
   CommImpl() = default;
   Status check_usable(const char* what) const;
   Result<Work> enqueue(Op op);
+  // Marks group sends whose buffer overlaps a receive of the group (staged).
+  void mark_aliased_sends(SubOp& group);
   void engine_main();
   Status run_sub(SubOp& s);
   void fail(const Status& st);
@@ -111,6 +115,7 @@ class CommImpl final : public diag::DiagClient {
 
   mutable std::mutex mu_;  // guards queue_, failed_, stopping_
   std::condition_variable cv_;
+  std::condition_variable gate_cv_;  // engine parked while a waiter runs ops
   std::deque<Op> queue_;
   Status failed_;
   bool stopping_ = false;
