@@ -162,6 +162,8 @@ std::vector<Case> correctness_matrix(int nranks, bool include_big) {
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 namespace loom::testing {
 
@@ -215,6 +217,22 @@ std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>
     }
   }
   for (int r = 0; r < n; ++r) waitpid(pids[r], &out[r].status, 0);
+  return out;
+}
+
+std::string build_bin(const std::string& name) {
+  const char* b = std::getenv("LOOM_BUILD_DIR");
+  return std::string(b ? b : ".") + "/bin/" + name;
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
   return out;
 }
 

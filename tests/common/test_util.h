@@ -53,6 +53,11 @@ struct ChildResult {
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
                                        int timeout_s = 600);
 
+// $LOOM_BUILD_DIR/bin/<name> (CTest sets LOOM_BUILD_DIR).
+std::string build_bin(const std::string& name);
+// Runs a shell command; returns what it wrote to stdout.
+std::string run_command(const std::string& cmd);
+
 // Names of /dev/shm entries Loom creates ("loom-*").
 std::vector<std::string> loom_shm_segments();
 

@@ -10,25 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "common/test_util.h"
 #include <thread>
 
 namespace {
 
-std::string bin(const std::string& name) {
-  const char* b = std::getenv("LOOM_BUILD_DIR");
-  return std::string(b ? b : ".") + "/bin/" + name;
-}
+std::string bin(const std::string& name) { return loom::testing::build_bin(name); }
+std::string run(const std::string& cmd) { return loom::testing::run_command(cmd); }
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 int free_port() {
   // Port from the pid: tests of one ctest run differ, and bind() fallbacks

@@ -14,10 +14,14 @@
 #include <fstream>
 #include <thread>
 
+#include "common/test_util.h"
 #include "netns_ranks.h"
 
 namespace loom {
 namespace {
+
+std::string bin(const std::string& name) { return loom::testing::build_bin(name); }
+std::string run(const std::string& cmd) { return loom::testing::run_command(cmd); }
 
 using testing::NetnsLab;
 using Clock = std::chrono::steady_clock;
@@ -25,21 +29,6 @@ using Secs = std::chrono::duration<double>;
 
 constexpr int kTimeoutS = 3;
 
-std::string bin(const std::string& name) {
-  const char* b = std::getenv("LOOM_BUILD_DIR");
-  return std::string(b ? b : ".") + "/bin/" + name;
-}
-
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 // Allreduces until one fails; after a few good ones, leaves a marker file so
 // the parent cuts the link while the ranks are busy. Writes the error, exits 2.
