@@ -1,17 +1,26 @@
 // Direct family: every rank exchanges with every peer in one phase.
 // all_to_all (each rank sends block j to rank j) and point-to-point groups.
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "algorithms/algorithms.h"
 
 namespace loom {
 
-Result<RankSchedule> direct_all_to_all(const CollArgs& a) {
+namespace {
+
+// all_to_all with rank r sending block r+k to rank r+k and receiving block
+// r-k from rank r-k for k = 1..n-1 (staggered, so ranks do not all start with
+// rank 0). one_phase: every exchange at once ("direct"); otherwise one
+// exchange per phase ("pairwise": one peer at a time, no p-1 -> 1 fan-in, at
+// the price of n-1 latency terms; the modular shift works for every n, where
+// XOR pairing needs a power of two).
+Result<RankSchedule> shifted_all_to_all(const CollArgs& a, bool one_phase, const char* name) {
   const int n = a.nranks, r = a.rank;
   const size_t c = a.count;
   RankSchedule s;
-  s.algorithm = "direct";
+  s.algorithm = name;
   if (c == 0) return s;
   Phase p;
   BufId src = kBufSend;
@@ -32,56 +41,7 @@ Result<RankSchedule> direct_all_to_all(const CollArgs& a) {
   self.dst = {kBufRecv, r * c};
   self.count = c;
   p.steps.push_back(self);
-  // Staggered peer order so ranks do not all start with rank 0.
-  for (int d = 1; d < n; ++d) {
-    Step snd;
-    snd.kind = StepKind::kSend;
-    snd.peer = (r + d) % n;
-    snd.src = {src, snd.peer * c};
-    snd.count = c;
-    p.steps.push_back(snd);
-    Step rcv;
-    rcv.kind = StepKind::kRecv;
-    rcv.peer = (r - d + n) % n;
-    rcv.dst = {kBufRecv, rcv.peer * c};
-    rcv.count = c;
-    p.steps.push_back(rcv);
-  }
-  s.phases.push_back(std::move(p));
-  return s;
-}
-
-// Pairwise exchange: n-1 phases; in phase k rank r sends block r+k to rank
-// r+k and receives block r-k from rank r-k, so each rank talks to one peer
-// at a time (no p-1 -> 1 fan-in contention, bounded FIFO use) at the price
-// of n-1 latency terms. The modular shift works for every n (the XOR pairing
-// needs a power of two).
-Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) {
-  const int n = a.nranks, r = a.rank;
-  const size_t c = a.count;
-  RankSchedule s;
-  s.algorithm = "pairwise";
-  if (c == 0) return s;
-  Phase first;
-  BufId src = kBufSend;
-  if (a.in_place && n > 1) {
-    s.scratch_count = n * c;
-    Step st;
-    st.kind = StepKind::kCopy;
-    st.src = {kBufSend, 0};
-    st.dst = {kBufScratch, 0};
-    st.count = n * c;
-    first.steps.push_back(st);
-    src = kBufScratch;
-  }
-  Step self;
-  self.kind = StepKind::kCopy;
-  self.src = {src, r * c};
-  self.dst = {kBufRecv, r * c};
-  self.count = c;
-  first.steps.push_back(self);
   for (int k = 1; k < n; ++k) {
-    Phase p = k == 1 ? std::move(first) : Phase{};
     const int to = (r + k) % n, from = (r - k + n) % n;
     Step snd;
     snd.kind = StepKind::kSend;
@@ -95,11 +55,17 @@ Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) {
     rcv.dst = {kBufRecv, from * c};
     rcv.count = c;
     p.steps.push_back(rcv);
-    s.phases.push_back(std::move(p));
+    if (!one_phase) s.phases.push_back(std::exchange(p, Phase{}));
   }
-  if (n == 1) s.phases.push_back(std::move(first));
+  if (!p.steps.empty()) s.phases.push_back(std::move(p));
   return s;
 }
+
+}  // namespace
+
+Result<RankSchedule> direct_all_to_all(const CollArgs& a) { return shifted_all_to_all(a, true, "direct"); }
+
+Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) { return shifted_all_to_all(a, false, "pairwise"); }
 
 Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
   RankSchedule s;
