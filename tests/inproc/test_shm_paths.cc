@@ -3,6 +3,7 @@
 // including messages that straddle the FIFO's wrap point and mixed sizes.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <thread>
 
@@ -97,6 +98,51 @@ TEST(ShmPaths, InPlaceSendRecvInAGroup) {
     });
   for (auto& t : ts) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+// The FIFOs are mapped in at setup. Regression: they were faulted in page by
+// page while they filled for the first time (one fault in the sender's
+// mapping, one in the receiver's), which made the first ~100 operations of
+// 4-64 KiB 10-100x slower than the steady state, enough to ruin every
+// nccl-tests-style run with its 20 iterations per size.
+TEST(ShmPaths, FifosArePrefaultedAtSetup) {
+  const int n = 2;
+  setenv("LOOM_SHM_FIFO_BYTES", "2M", 1);
+  setenv("LOOM_SHM_SINGLE_COPY_BYTES", "0", 1);  // all bytes through the FIFOs
+  auto comms = Comm::init_all(n);
+  unsetenv("LOOM_SHM_FIFO_BYTES");
+  unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  const size_t count = 8192;  // 32 KiB: 128 ops push 4 MiB, twice around each FIFO
+  std::vector<std::vector<float>> in(n, std::vector<float>(count, 1.0f)), out(n, std::vector<float>(count));
+  auto run = [&](int ops) {
+    std::vector<std::thread> ts;
+    std::vector<std::string> err(n);
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        for (int i = 0; i < ops; ++i) {
+          auto w = (*comms)[r]->allreduce(in[r].data(), out[r].data(), count, DataType::kFloat32, RedOp::kSum);
+          Status st = w.is_ok() ? w->wait() : w.status();
+          if (!st.is_ok()) {
+            err[r] = st.to_string();
+            return;
+          }
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  };
+  run(1);  // schedules, staging buffers and thread stacks exist from here on
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  run(128);
+  getrusage(RUSAGE_SELF, &after);
+  const long faults = after.ru_minflt - before.ru_minflt;
+  // Faulting the FIFOs in on use costs 2 ranks x 2 mappings x 512 pages = 2048.
+  EXPECT_LT(faults, 300) << "minor page faults during 128 allreduces of 32 KiB";
+  printf("minor page faults during 128 allreduces of 32 KiB: %ld\n", faults);
+  EXPECT_EQ(out[0][0], 2.0f);
+  EXPECT_EQ(out[1][count - 1], 2.0f);
 }
 
 }  // namespace
