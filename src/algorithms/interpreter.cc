@@ -72,10 +72,8 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
       const Phase& ph = phases[rs.phase];
       if (!rs.posted) {
         rs.done.assign(ph.steps.size(), false);
-        // Local steps, in order.
-        for (size_t i = 0; i < ph.steps.size(); ++i) {
-          const Step& s = ph.steps[i];
-          if (is_comm_step(s.kind)) continue;
+        // Local steps, in order (overlapped copies after the sends, below).
+        auto run_local = [&](const Step& s) -> Status {
           LOOM_ASSIGN_OR_RETURN(std::byte * dst, resolve(r, s.dst, s.count, "local step dst"));
           std::byte* src = nullptr;
           std::byte* src2 = nullptr;
@@ -86,7 +84,33 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
             LOOM_ASSIGN_OR_RETURN(src2, resolve(r, s.src2, s.count, "local step src2"));
           }
           apply_local_step(s, dst, src, src2, dt, op, n);
+          return Status::ok();
+        };
+        for (size_t i = 0; i < ph.steps.size(); ++i) {
+          const Step& s = ph.steps[i];
+          if (is_comm_step(s.kind) || s.overlap) continue;
+          LOOM_RETURN_IF_ERROR(run_local(s));
           rs.done[i] = true;
+        }
+        // An overlapped copy runs while the transfers are in flight: it must not
+        // write what any of them touches, nor read what a receive writes.
+        for (size_t i = 0; i < ph.steps.size(); ++i) {
+          const Step& o = ph.steps[i];
+          if (!o.overlap || o.count == 0) continue;
+          if (o.kind != StepKind::kCopy)
+            return internal_error(fmt::format("rank {} phase {}: only copies can overlap ('{}')", r, rs.phase, describe(o)));
+          LOOM_ASSIGN_OR_RETURN(std::byte * od, resolve(r, o.dst, o.count, "overlapped dst"));
+          LOOM_ASSIGN_OR_RETURN(std::byte * os, resolve(r, o.src, o.count, "overlapped src"));
+          if (od == os) continue;  // in place: nothing is copied
+          for (const Step& c : ph.steps) {
+            if (!is_comm_step(c.kind) || c.count == 0) continue;
+            const bool is_send = c.kind == StepKind::kSend;
+            LOOM_ASSIGN_OR_RETURN(std::byte * cb, resolve(r, is_send ? c.src : c.dst, c.count, "step"));
+            auto hits = [&](const std::byte* p) { return p < cb + c.count * es && cb < p + o.count * es; };
+            if (hits(od) || (!is_send && hits(os)))
+              return internal_error(fmt::format("rank {} phase {}: overlapped '{}' conflicts with '{}'", r, rs.phase,
+                                                describe(o), describe(c)));
+          }
         }
         // Hazards: a send must not read what a receive of this phase writes,
         // and two receives must not write the same bytes.
@@ -112,6 +136,11 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           LOOM_ASSIGN_OR_RETURN(std::byte * src, resolve(r, s.src, s.count, "send src"));
           Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase)};
           queues[{r, s.peer}].push_back(std::move(m));
+          rs.done[i] = true;
+        }
+        for (size_t i = 0; i < ph.steps.size(); ++i) {
+          if (!ph.steps[i].overlap) continue;
+          LOOM_RETURN_IF_ERROR(run_local(ph.steps[i]));
           rs.done[i] = true;
         }
         rs.posted = true;

@@ -39,6 +39,11 @@ Step copy_step(BufRef src, BufRef dst, size_t count) {
   s.count = count;
   return s;
 }
+Step overlapped_copy_step(BufRef src, BufRef dst, size_t count) {
+  Step s = copy_step(src, dst, count);
+  s.overlap = true;
+  return s;
+}
 Step reduce_step(BufRef left, BufRef right, BufRef dst, size_t count) {
   Step s;
   s.kind = StepKind::kReduce;

@@ -32,6 +32,8 @@ Step send_step(int peer, BufRef src, size_t count);
 Step recv_step(int peer, BufRef dst, size_t count);
 Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count);
 Step copy_step(BufRef src, BufRef dst, size_t count);
+// A copy_step the executor may overlap with the phase's transfers (Step::overlap).
+Step overlapped_copy_step(BufRef src, BufRef dst, size_t count);
 Step reduce_step(BufRef left, BufRef right, BufRef dst, size_t count);  // dst = left OP right
 Step divide_step(BufRef dst, size_t count);
 inline BufRef at(BufRef b, size_t off) { return {b.buf, b.offset + off}; }

@@ -85,11 +85,12 @@ Result<RankSchedule> ring_all_gather(const CollArgs& a) {
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   Phase first;
   // In place (send == recv + r*c) the executor sees src == dst and skips it.
-  first.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
+  // Our own block leaves from the input, so the copy overlaps the first step.
+  first.steps.push_back(overlapped_copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
   for (int k = 0; k < n - 1; ++k) {
     Phase p = k == 0 ? std::move(first) : Phase{};
     int sb = mod(r - k, n), rb = mod(r - k - 1, n);
-    p.steps.push_back(send_step(next, {kBufRecv, sb * c}, c));
+    p.steps.push_back(send_step(next, k == 0 ? BufRef{kBufSend, 0} : BufRef{kBufRecv, sb * c}, c));
     p.steps.push_back(recv_step(prev, {kBufRecv, rb * c}, c));
     push_phase(s, std::move(p));
   }
@@ -113,7 +114,8 @@ Result<RankSchedule> chain_broadcast(const CollArgs& a) {
   const size_t nphases = nchunks + n - 2;
   for (size_t ph = 0; ph < nphases; ++ph) {
     Phase p;
-    if (is_root && ph == 0 && !a.in_place) p.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
+    // The root sends from its input, so its own copy overlaps the sends.
+    if (is_root && ph == 0 && !a.in_place) p.steps.push_back(overlapped_copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
     if (pos < n - 1 && ph >= static_cast<size_t>(pos) && ph - pos < nchunks) {
       size_t k = ph - pos;
       p.steps.push_back(send_step(next, {is_root ? kBufSend : kBufRecv, k * chunk}, csz(k)));

@@ -53,6 +53,12 @@ struct Step {
   BufRef src2;
   BufRef dst;
   size_t count = 0;
+  // Copies only: the executor may run this copy after posting the phase's
+  // transfers instead of before, overlapping it with them (e.g. a broadcast
+  // root's own send -> recv copy while the peers read its input). The
+  // interpreter rejects an overlapped copy that writes what a transfer of the
+  // phase touches or reads what a receive of the phase writes.
+  bool overlap = false;
 };
 
 inline bool is_comm_step(StepKind k) {

@@ -65,9 +65,13 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
   const size_t es = dtype_size(dt);
   auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
   active_.clear();
+  overlapped_.clear();
   for (const Step& s : ph.steps) {
     switch (s.kind) {
-      case StepKind::kCopy: mem_->copy(ptr(s.dst), ptr(s.src), s.count * es); break;
+      case StepKind::kCopy:
+        if (s.overlap) overlapped_.push_back(&s);  // after the transfers are posted
+        else mem_->copy(ptr(s.dst), ptr(s.src), s.count * es);
+        break;
       case StepKind::kReduce: mem_->reduce(ptr(s.dst), ptr(s.src), ptr(s.src2), s.count, dt, op); break;
       case StepKind::kDivide: mem_->divide(ptr(s.dst), s.count, dt, static_cast<uint64_t>(nranks_)); break;
       default: {
@@ -84,7 +88,14 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       }
     }
   }
-  if (active_.empty()) return Status::ok();
+  auto run_overlapped = [&]() {
+    for (const Step* s : overlapped_) mem_->copy(ptr(s->dst), ptr(s->src), s->count * es);
+    overlapped_.clear();
+  };
+  if (active_.empty()) {
+    run_overlapped();
+    return Status::ok();
+  }
 
   int idle = 0;
   auto last_peer_check = Clock::now();
@@ -161,6 +172,12 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
         }
       }
+    }
+    if (!overlapped_.empty()) {
+      // The first pass posted every send it could (single-copy descriptors,
+      // FIFO bytes): the peers are busy, do the overlapped copies now.
+      run_overlapped();
+      moved = true;
     }
     if (all_done) return Status::ok();
     if (moved) {

@@ -81,6 +81,7 @@ class Executor {
   std::byte* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::vector<Active> active_;
+  std::vector<const Step*> overlapped_;  // this phase's Step::overlap copies, run after the first pass
   std::vector<uint64_t> send_gate_, recv_gate_;
   uint64_t iter_ = 0;
   ExecProgress progress_;

@@ -199,6 +199,37 @@ TEST(Interpreter, DetectsSizeMismatchAndHazard) {
   EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.to_string();
 }
 
+// An overlapped copy (Step::overlap) runs while the phase's transfers are in
+// flight: writing what a send reads, or reading what a receive writes, is a
+// race the interpreter must reject; a copy clear of them is accepted.
+TEST(Interpreter, ChecksOverlappedCopies) {
+  std::vector<float> a = {0, 1, 2, 3, 4, 5, 6, 7}, b(8), c(8, 2.0f), d(8);
+  auto p = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
+  std::vector<std::vector<std::byte*>> bufs = {{p(a), p(b)}, {p(c), p(d)}};
+  auto run = [&](Step copy0) {
+    Step snd0{StepKind::kSend, 1, {kBufRecv, 0}, {}, {}, 4};
+    Step rcv0{StepKind::kRecv, 1, {}, {}, {kBufRecv, 4}, 4};
+    Step snd1{StepKind::kSend, 0, {kBufSend, 0}, {}, {}, 4};
+    Step rcv1{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
+    copy0.overlap = true;
+    return interpret({RankSchedule{{Phase{{copy0, snd0, rcv0}}}, 0, "t"}, RankSchedule{{Phase{{snd1, rcv1}}}, 0, "t"}},
+                     bufs, DataType::kFloat32, RedOp::kSum);
+  };
+  // Writes recv[0..4), which the send of the same phase reads.
+  Status st = run(Step{StepKind::kCopy, -1, {kBufSend, 0}, {}, {kBufRecv, 0}, 4});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("overlapped"), std::string::npos) << st.to_string();
+  // Reads recv[4..8), which the receive of the same phase writes.
+  st = run(Step{StepKind::kCopy, -1, {kBufRecv, 4}, {}, {kBufSend, 4}, 4});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("overlapped"), std::string::npos) << st.to_string();
+  // Clear of both: fine, and it copies.
+  st = run(Step{StepKind::kCopy, -1, {kBufSend, 0}, {}, {kBufSend, 4}, 4});
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(a[4], 0.0f);
+  EXPECT_EQ(a[7], 3.0f);
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
