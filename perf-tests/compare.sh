@@ -99,8 +99,14 @@ run() {
 
 # Peer benchmarks print impl,coll,nranks,size,count,time_us,algbw,busbw,wrong.
 take_peer() { awk -F, 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9}' "$OUT/last.out" >> "$RAW"; }
-# Loom's --csv: collective,nranks,size,count,...,oop_time_us(8),oop_algbw,oop_busbw(10),oop_wrong(11)
-take_loom() { awk -F, 'NR>1 && NF>=11 {print "loom,"$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
+# Loom's --csv: collective,nranks,size,count,...,oop_time_us(8),oop_algbw,oop_busbw(10),oop_wrong(11),
+# ip_time_us(12),ip_algbw,ip_busbw(14),ip_wrong(15). The peers' calls decide which column is the same
+# operation: MPI_Allreduce/Reduce_scatter/Allgather get separate send and receive buffers (out of
+# place), MPI_Bcast has one buffer (in place: the root does not copy its input to an output).
+take_loom() {
+  awk -F, -v coll="$1" 'NR>1 && NF>=15 {
+    if (coll == "broadcast") print "loom,"$1","$2","$3","$12","$14","($15==""?0:$15)
+    else print "loom,"$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
 
 for n in $RANKS; do
   for coll in $COLLS; do
@@ -111,7 +117,7 @@ for n in $RANKS; do
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-          --sizes "$sizes" "${iters[@]}" -c $check --csv && take_loom
+          --sizes "$sizes" "${iters[@]}" -c $check --csv && take_loom "$coll"
       if [ $HAVE_OMPI = 1 ]; then
         run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
             "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" -l ompi && take_peer
@@ -159,7 +165,8 @@ def human(b):
     return f"{b} B"
 impls = [i for i in ("loom", "ompi", "mpich", "gloo") if any(i in d for d in data.values())]
 print("\nbusbw in GB/s (decimal); sizes below 64 KiB show the time per operation in us instead.")
-print("ratio = Loom / best of Open MPI and MPICH (busbw; > 1: Loom is faster). 'x' marks a wrong result.\n")
+print("ratio = Loom / best of Open MPI and MPICH (busbw; > 1: Loom is faster). 'x' marks a wrong result.")
+print("Loom's out-of-place column, except broadcast: in place, the same call as MPI_Bcast (one buffer).\n")
 colls = []
 for (c, n, s) in data:
     if (c, n) not in colls: colls.append((c, n))
