@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "core/config.h"
 #include "core/log.h"
@@ -323,6 +324,53 @@ void prefault(std::byte* p, size_t len, bool writable) {
   }
 }
 
+// One mapping per segment per process. Ranks that are threads of one process
+// (Comm::init_all) use the mapping that already exists instead of mapping the
+// segment again at another address: the FIFO counters' release/acquire pairs
+// then sit at one address, which is what ThreadSanitizer (and any reader of
+// the code) can see, and the address space is not spent twice.
+class SegmentMaps {
+ public:
+  static SegmentMaps& get() {
+    static auto* maps = new SegmentMaps();  // leaked: destructors may run at exit
+    return *maps;
+  }
+  void add(const std::string& name, void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    entries_.push_back({name, p, bytes, 1});
+  }
+  void* acquire(const std::string& name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& e : entries_)
+      if (e.name == name) {
+        ++e.refs;
+        return e.p;
+      }
+    return nullptr;
+  }
+  void release(void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].p != p) continue;
+      if (--entries_[i].refs == 0) {
+        munmap(p, entries_[i].bytes);
+        entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i));
+      }
+      return;
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string name;
+    void* p;
+    size_t bytes;
+    int refs;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
 std::string seg_name(uint64_t secret, int rank) {
   char buf[64];
   snprintf(buf, sizeof(buf), "/loom-%016llx-%d", static_cast<unsigned long long>(secret), rank);
@@ -381,7 +429,9 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     shm_unlink(t->own_name_.c_str());
     return system_error("mmap shm segment", errno);
   }
+  SegmentMaps::get().add(t->own_name_, p, t->seg_bytes_);
   auto* self = static_cast<Segment*>(p);
+  t->segs_[r] = self;  // released by the destructor from here on
   self->pid = getpid();
   self->rank = r;
   new (&self->doorbell) std::atomic<uint32_t>(0);
@@ -397,7 +447,6 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   }
   std::atomic_thread_fence(std::memory_order_release);
   self->magic = kSegMagic;
-  t->segs_[r] = self;
 
   // Everyone created theirs -> map the peers' -> everyone mapped -> unlink ours.
   Status st = boot.barrier(deadline);
@@ -405,11 +454,15 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   for (int i = 0; i < n; ++i) {
     if (i == r || !local[i]) continue;
     std::string name = seg_name(boot.secret(), i);
-    int pfd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (pfd < 0) return system_error("shm_open peer segment " + name + " of rank " + std::to_string(i), errno);
-    void* q = mmap(nullptr, t->seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-    close(pfd);
-    if (q == MAP_FAILED) return system_error("mmap peer segment of rank " + std::to_string(i), errno);
+    void* q = SegmentMaps::get().acquire(name);  // a rank of this process
+    if (q == nullptr) {
+      int pfd = shm_open(name.c_str(), O_RDWR, 0600);
+      if (pfd < 0) return system_error("shm_open peer segment " + name + " of rank " + std::to_string(i), errno);
+      q = mmap(nullptr, t->seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+      close(pfd);
+      if (q == MAP_FAILED) return system_error("mmap peer segment of rank " + std::to_string(i), errno);
+      SegmentMaps::get().add(name, q, t->seg_bytes_);
+    }
     t->segs_[i] = static_cast<Segment*>(q);
     if (t->segs_[i]->magic != kSegMagic || t->segs_[i]->rank != i)
       return internal_error("peer segment of rank " + std::to_string(i) + " is not initialised");
@@ -450,7 +503,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
 ShmTransport::~ShmTransport() {
   conns_.clear();
   for (auto* s : segs_)
-    if (s) munmap(s, seg_bytes_);
+    if (s) SegmentMaps::get().release(s);
   if (!unlinked_ && !own_name_.empty()) shm_unlink(own_name_.c_str());
 }
 
