@@ -348,6 +348,7 @@ class Importer {
   void resolve_nvlinks() {
     int nvs = -1;
     std::set<std::pair<int, int>> seen;
+    std::set<std::pair<int, std::string>> switch_targets;  // (gpu, switch busid) already linked
     for (const PendingNvLink& p : nvlinks_) {
       XmlElement where;
       where.line = p.line;
@@ -361,8 +362,18 @@ class Importer {
           s.name = "NVS";
           nvs = add_node(std::move(s));
         }
+        // NCCL's dumps list one <nvlink> per physical switch: their lanes add
+        // up on the one folded link. The same switch listed twice is an error.
+        if (!switch_targets.insert({p.gpu, p.target}).second) {
+          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to NVSwitch " + p.target + " ignored");
+          continue;
+        }
         if (!seen.insert({p.gpu, nvs}).second) {
-          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to the NVSwitch ignored");
+          for (TopoLink& l : g_.links)
+            if (l.type == LinkType::kNvLink && ((l.a == p.gpu && l.b == nvs) || (l.a == nvs && l.b == p.gpu))) {
+              l.bw += lane * p.count;
+              l.count += p.count;
+            }
           continue;
         }
         g_.add_link(p.gpu, nvs, LinkType::kNvLink, lane * p.count, 0, p.count);

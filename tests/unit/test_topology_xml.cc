@@ -240,6 +240,42 @@ TEST(TopologyImport, NvLinksNvSwitchAndNicsAreModelled) {
   expect_round_trip(g);
 }
 
+// NCCL's own dumps list one <nvlink> per physical NVSwitch. Loom folds the
+// switches into one node, so those lanes must add up on the one link; the
+// same switch listed twice is a mistake (warned, ignored). Regression: every
+// switch after the first was dropped, losing two thirds of an H100's NVLink
+// bandwidth on import.
+TEST(TopologyImport, LinksToSeveralNvSwitchesAddUp) {
+  const char* xml = R"(<system version="1">
+  <cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:21:00.0" class="0x030200" link_speed="32 GT/s" link_width="16">
+      <gpu dev="0" sm="90" rank="0" gdr="1">
+        <nvlink target="0000:a0:00.0" count="6" tclass="0x068000"/>
+        <nvlink target="0000:a1:00.0" count="6" tclass="0x068000"/>
+        <nvlink target="0000:a2:00.0" count="6" tclass="0x068000"/>
+        <nvlink target="0000:a2:00.0" count="6" tclass="0x068000"/>
+      </gpu>
+    </pci>
+  </cpu>
+</system>
+)";
+  auto r = graph_from_xml_text(xml, "switches");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().warnings.size(), 1u);
+  EXPECT_NE(r.value().warnings[0].find("0000:a2:00.0"), std::string::npos) << r.value().warnings[0];
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    EXPECT_EQ(l.count, 18);
+    EXPECT_DOUBLE_EQ(l.bw, 18 * 25.0);
+  }
+  EXPECT_EQ(nvl, 1);
+  expect_round_trip(g);
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
