@@ -98,7 +98,8 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
   }
 
   int idle = 0;
-  auto last_peer_check = Clock::now();
+  // Read the clock only once the phase has to wait (most small phases don't).
+  Clock::time_point last_peer_check{};
   for (;;) {
     const uint32_t ev = transport_->events();
     bool moved = false, all_done = true;
@@ -206,6 +207,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     };
     if (abort_ && abort_->load(std::memory_order_relaxed)) return aborted_error(describe_wait() + "; communicator aborted");
     auto now = Clock::now();
+    if (last_peer_check == Clock::time_point{}) last_peer_check = now;
     if (now - last_peer_check > std::chrono::milliseconds(100) || now >= deadline) {
       last_peer_check = now;
       for (const Active& a : active_) {
@@ -244,8 +246,13 @@ void Executor::send_fingerprint(Active& a, bool& moved) {
   const int p = a.step->peer;
   std::byte* stage = hdr_out_[p].data();
   const size_t len = diag::kFingerprintBytes + (a.coalesced ? a.total : 0);
-  // Copied at the first attempt, after the phase's local steps ran.
-  if (a.coalesced && a.hdr_left == len) std::memcpy(stage + diag::kFingerprintBytes, a.src, a.total);
+  // Copied once, at the first attempt, after the phase's local steps ran. Not
+  // again when that attempt moved nothing: a single-copy peer may already be
+  // reading the stage (regression: TSan saw the re-copy race with its read).
+  if (a.coalesced && !a.staged) {
+    std::memcpy(stage + diag::kFingerprintBytes, a.src, a.total);
+    a.staged = true;
+  }
   size_t n = a.conn->send_some(stage + (len - a.hdr_left), a.hdr_left);
   a.hdr_left -= n;
   moved = moved || n > 0;

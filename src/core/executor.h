@@ -62,6 +62,7 @@ class Executor {
     size_t done = 0;
     size_t hdr_left = 0;     // diag: fingerprint bytes still to send / receive first
     bool coalesced = false;  // diag: header and data travel as one message (small data)
+    bool staged = false;     // diag: the coalesced data is in the header's stage buffer
   };
   Status run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
                    const std::string& what, size_t phase_index, size_t nphases);

@@ -106,6 +106,9 @@ TEST(ShmPaths, InPlaceSendRecvInAGroup) {
 // 4-64 KiB 10-100x slower than the steady state, enough to ruin every
 // nccl-tests-style run with its 20 iterations per size.
 TEST(ShmPaths, FifosArePrefaultedAtSetup) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "sanitizer shadow memory faults on every first touch: page-fault counts mean nothing here";
+#endif
   const int n = 2;
   setenv("LOOM_SHM_FIFO_BYTES", "2M", 1);
   setenv("LOOM_SHM_SINGLE_COPY_BYTES", "0", 1);  // all bytes through the FIFOs
