@@ -138,6 +138,21 @@ class Comm {
   // Fails every queued and running operation with kAborted, tells the peers,
   // and releases transports. Safe from any thread; idempotent.
   void abort(const std::string& reason = "abort() called");
+  // Revoke (NCCL 2.28's ncclCommRevoke): stops every queued and running
+  // operation and tells the peers, like abort(): here they fail with "communicator
+  // revoked by rank R", on the peers as soon as they wait on this rank.
+  // Unlike abort() the communicator stays usable for management: split() and
+  // shrink() still work (they meet through the bootstrap's star rendezvous,
+  // not the ring or a collective), while new operations fail with
+  // kInvalidUsage. Every rank is expected to revoke, and split() after a
+  // revoke needs every rank to have revoked (revoked ranks meet through the
+  // star, the others through the ring). Returns at once; poll quiescent() to
+  // know when the operations have ended (split and shrink wait for it).
+  // Safe from any thread; idempotent.
+  void revoke();
+  bool revoked() const;
+  // True when no operation is queued or running.
+  bool quiescent() const;
   // Waits for queued operations and releases everything. Operations after
   // destroy fail with kInvalidUsage. Idempotent.
   Status destroy();

@@ -1,6 +1,7 @@
 #include "bootstrap/bootstrap.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -22,6 +23,18 @@ constexpr uint32_t kHelloMagic = 0x4c4f4f4d;  // "LOOM"
 constexpr uint32_t kRingMagic = 0x4c4f5247;   // "LORG"
 constexpr uint32_t kShrinkMagic = 0x4c4f5348;  // "LOSH": never taken for a ring hello
 constexpr int32_t kMaxShrinkList = 1 << 20;
+constexpr uint32_t kMaxRoundPayload = 1u << 20;
+// What a star round is for (in every hello: mismatched calls get a precise error).
+constexpr uint32_t kRoundShrink = 1;  // the coordinator answers with a new unique id
+constexpr uint32_t kRoundGather = 2;  // the coordinator answers with every payload, in rank order
+
+const char* round_name(uint32_t kind) {
+  switch (kind) {
+    case kRoundShrink: return "shrink";
+    case kRoundGather: return "star allgather";
+    default: return "an unknown star round";
+  }
+}
 
 struct Hello {
   uint32_t magic;
@@ -36,13 +49,15 @@ struct RingHello {
   uint64_t secret;
 };
 
-// Followed by nexcluded int32 ranks.
+// Followed by nexcluded int32 ranks, then payload_bytes bytes.
 struct ShrinkHello {
   uint32_t magic;
   uint32_t generation;
   uint64_t secret;
   int32_t rank;
   int32_t nexcluded;
+  uint32_t kind;           // kRoundShrink or kRoundGather
+  uint32_t payload_bytes;  // follow the exclude list
 };
 
 struct Reply {
@@ -290,41 +305,62 @@ Status Bootstrap::barrier(Deadline deadline) {
 }
 
 Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline) {
+  LOOM_ASSIGN_OR_RETURN(std::string reply, star_round(kRoundShrink, excluded, std::string(), deadline));
+  if (reply.size() != sizeof(UniqueId)) return remote_error("shrink: reply of wrong size from the coordinator");
+  UniqueId id;
+  std::memcpy(id.bytes, reply.data(), sizeof(id.bytes));
+  return id;
+}
+
+Status Bootstrap::star_allgather(void* data, size_t bytes, Deadline deadline) {
+  if (nranks_ == 1 || bytes == 0) return Status::ok();
+  char* d = static_cast<char*>(data);
+  auto reply = star_round(kRoundGather, {}, std::string(d + rank_ * bytes, bytes), deadline);
+  if (!reply.is_ok()) return reply.status();
+  if (reply->size() != nranks_ * bytes) return remote_error("star allgather: reply of wrong size from the coordinator");
+  std::memcpy(d, reply->data(), reply->size());
+  return Status::ok();
+}
+
+Result<std::string> Bootstrap::star_round(uint32_t kind, const std::vector<int>& excluded, const std::string& payload,
+                                          Deadline deadline) {
+  const char* what = round_name(kind);
   const uint32_t gen = ++shrink_gen_;
   std::vector<bool> gone(nranks_, false);
   for (int r : excluded) {
-    if (r < 0 || r >= nranks_ || r == rank_) return invalid_argument("shrink_rendezvous: bad exclude list " + rank_list(excluded));
+    if (r < 0 || r >= nranks_ || r == rank_)
+      return invalid_argument(std::string(what) + " rendezvous: bad exclude list " + rank_list(excluded));
     gone[r] = true;
   }
+  if (payload.size() > kMaxRoundPayload) return invalid_argument(std::string(what) + " rendezvous: payload too large");
   std::vector<int> survivors;
   for (int r = 0; r < nranks_; ++r)
     if (!gone[r]) survivors.push_back(r);
   const int coord = survivors.front();
 
   if (coord != rank_) {
-    // The abort flag is ignored on purpose: the parent is often aborted.
+    // The abort flag is ignored on purpose: the parent is often aborted or revoked.
     SockAddr to = peers_[coord].listen();
     auto fd = tcp_connect(to, deadline, nullptr);
     if (!fd.is_ok())
-      return fd.status().with_context("shrink: cannot reach the coordinator, rank " + std::to_string(coord) + " at " +
-                                      to.to_string());
-    ShrinkHello h{kShrinkMagic, gen, secret_, rank_, static_cast<int32_t>(excluded.size())};
+      return fd.status().with_context(fmt::format("{}: cannot reach the coordinator, rank {} at {}", what, coord,
+                                                  to.to_string()));
+    ShrinkHello h{kShrinkMagic, gen, secret_, rank_, static_cast<int32_t>(excluded.size()), kind,
+                  static_cast<uint32_t>(payload.size())};
     std::vector<int32_t> list(excluded.begin(), excluded.end());
     Status st = send_all(fd->get(), &h, sizeof(h), deadline, nullptr);
     if (st.is_ok() && !list.empty()) st = send_all(fd->get(), list.data(), list.size() * sizeof(int32_t), deadline, nullptr);
+    if (st.is_ok() && !payload.empty()) st = send_all(fd->get(), payload.data(), payload.size(), deadline, nullptr);
     Reply rep{};
     if (st.is_ok()) st = recv_all(fd->get(), &rep, sizeof(rep), deadline, nullptr);
     if (!st.is_ok())
-      return st.with_context("shrink: waiting for the coordinator, rank " + std::to_string(coord) +
-                             " (the lowest rank not excluded)");
-    if (rep.len > (1u << 20)) return remote_error("shrink: absurd reply size from the coordinator");
-    std::string payload(rep.len, '\0');
-    LOOM_RETURN_IF_ERROR(recv_all(fd->get(), payload.data(), rep.len, deadline, nullptr).with_context("shrink"));
-    if (!rep.ok) return invalid_usage("shrink failed: " + payload);
-    if (rep.len != sizeof(UniqueId)) return remote_error("shrink: reply of wrong size from the coordinator");
-    UniqueId id;
-    std::memcpy(id.bytes, payload.data(), sizeof(id.bytes));
-    return id;
+      return st.with_context(fmt::format("{}: waiting for the coordinator, rank {} (the lowest rank not excluded)", what,
+                                         coord));
+    if (rep.len > (64u << 20)) return remote_error(std::string(what) + ": absurd reply size from the coordinator");
+    std::string answer(rep.len, '\0');
+    LOOM_RETURN_IF_ERROR(recv_all(fd->get(), answer.data(), rep.len, deadline, nullptr).with_context(what));
+    if (!rep.ok) return invalid_usage(std::string(what) + " failed: " + answer);
+    return answer;
   }
 
   // Coordinator: one hello from every other survivor (by this rank's list).
@@ -342,12 +378,12 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
     const int r = a.rank;
     if (r < 0 || r >= nranks_) {
       if (error.empty())
-        error = "a process called shrink as rank " + std::to_string(r) + " of " + std::to_string(nranks_);
+        error = fmt::format("a process called {} as rank {} of {}", round_name(a.kind), r, nranks_);
       here.push_back(std::move(a));
       return;
     }
     if (a.generation <= shrink_answered_[r]) {
-      LOOM_WARN(kLogBoot, "rank {}: shrink dropped a stale hello of rank {} (generation {}, answered up to {})", rank_,
+      LOOM_WARN(kLogBoot, "rank {}: {} dropped a stale hello of rank {} (generation {}, answered up to {})", rank_, what,
                 r, a.generation, shrink_answered_[r]);
       return;
     }
@@ -358,18 +394,22 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
     for (auto& h : here) {
       if (h.rank != r) continue;
       if (h.generation == a.generation) {
-        if (error.empty()) error = "rank " + std::to_string(r) + " called shrink twice";
+        if (error.empty()) error = fmt::format("rank {} called {} twice", r, what);
         here.push_back(std::move(a));
       } else if (h.generation < a.generation) {
-        LOOM_WARN(kLogBoot, "rank {}: shrink replaced a stale hello of rank {} (generation {} by {})", rank_, r,
+        LOOM_WARN(kLogBoot, "rank {}: {} replaced a stale hello of rank {} (generation {} by {})", rank_, what, r,
                   h.generation, a.generation);
         h = std::move(a);
       }
       return;
     }
+    if (error.empty() && a.kind != kind)
+      error = fmt::format("rank {} called {} while rank {} called {}", r, round_name(a.kind), rank_, what);
     if (error.empty() && a.excluded != excluded)
       error = "exclude lists differ: rank " + std::to_string(r) + " excludes " + rank_list(a.excluded) + ", rank " +
               std::to_string(rank_) + " excludes " + rank_list(excluded);
+    if (error.empty() && a.payload.size() != payload.size())
+      error = fmt::format("{}: rank {} sent {} bytes, rank {} {}", what, r, a.payload.size(), rank_, payload.size());
     arrived[r] = 1;
     ++count;
     here.push_back(std::move(a));
@@ -388,23 +428,28 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
       Deadline short_dl = std::min(deadline, deadline_after(5));
       Status st = recv_all(fd->get(), &h, sizeof(h), short_dl, nullptr);
       if (!st.is_ok() || h.magic != kShrinkMagic || h.secret != secret_ || h.nexcluded < 0 ||
-          h.nexcluded > kMaxShrinkList) {
+          h.nexcluded > kMaxShrinkList || h.payload_bytes > kMaxRoundPayload) {
         // Strangers, a late ring hello (other magic), garbage.
-        LOOM_WARN(kLogBoot, "rank {}: shrink dropped a connection from {} ({})", rank_, from.to_string(),
-                  !st.is_ok() ? st.message() : std::string("wrong magic, secret or list size"));
+        LOOM_WARN(kLogBoot, "rank {}: {} dropped a connection from {} ({})", rank_, what, from.to_string(),
+                  !st.is_ok() ? st.message() : std::string("wrong magic, secret or sizes"));
         continue;
       }
       ShrinkArrival a;
       a.rank = h.rank;
       a.generation = h.generation;
+      a.kind = h.kind;
       if (h.nexcluded > 0) {
         std::vector<int32_t> list(static_cast<size_t>(h.nexcluded));
         st = recv_all(fd->get(), list.data(), list.size() * sizeof(int32_t), short_dl, nullptr);
-        if (!st.is_ok()) {
-          LOOM_WARN(kLogBoot, "rank {}: shrink dropped a hello from {} ({})", rank_, from.to_string(), st.message());
-          continue;
-        }
         a.excluded.assign(list.begin(), list.end());
+      }
+      if (st.is_ok() && h.payload_bytes > 0) {
+        a.payload.assign(h.payload_bytes, '\0');
+        st = recv_all(fd->get(), a.payload.data(), a.payload.size(), short_dl, nullptr);
+      }
+      if (!st.is_ok()) {
+        LOOM_WARN(kLogBoot, "rank {}: {} dropped a hello from {} ({})", rank_, what, from.to_string(), st.message());
+        continue;
       }
       a.fd = std::move(fd).value();
       take(std::move(a));
@@ -414,8 +459,8 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
       for (int r : survivors)
         if (r != rank_ && !arrived[r]) missing.push_back(r);
       if (error.empty())
-        error = "survivor rank(s) " + rank_list(missing) + " did not call shrink before the deadline (exclude list " +
-                rank_list(excluded) + "; dead ranks must be excluded)";
+        error = fmt::format("survivor rank(s) {} did not call {} before the deadline (exclude list {}; dead ranks must "
+                            "be excluded)", rank_list(missing), what, rank_list(excluded));
       break;
     }
     // A survivor that gave up (closed) was not really here: wait for its retry.
@@ -423,7 +468,7 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
     for (auto it = here.begin(); it != here.end();) {
       char c;
       if (it->rank >= 0 && it->rank < nranks_ && recv(it->fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
-        LOOM_WARN(kLogBoot, "rank {}: shrink: rank {} closed its connection before the answer", rank_, it->rank);
+        LOOM_WARN(kLogBoot, "rank {}: {}: rank {} closed its connection before the answer", rank_, what, it->rank);
         arrived[it->rank] = 0;
         --count;
         lost = true;
@@ -436,19 +481,28 @@ Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, 
   }
   for (const auto& a : here)
     if (a.rank >= 0 && a.rank < nranks_) shrink_answered_[a.rank] = std::max(shrink_answered_[a.rank], a.generation);
-  UniqueId id;
-  if (error.empty()) {
+  std::string answer;
+  if (error.empty() && kind == kRoundShrink) {
     auto made = get_unique_id();
-    if (made.is_ok()) id = *made;
+    if (made.is_ok()) answer.assign(made->bytes, sizeof(made->bytes));
     else error = "the coordinator could not create a unique id: " + made.status().message();
+  } else if (error.empty()) {
+    // Gather: every survivor's payload, in rank order.
+    answer.resize(survivors.size() * payload.size());
+    for (size_t i = 0; i < survivors.size(); ++i) {
+      const std::string* p = &payload;
+      for (const auto& a : here)
+        if (a.rank == survivors[i]) p = &a.payload;
+      std::memcpy(answer.data() + i * payload.size(), p->data(), payload.size());
+    }
   }
   if (!error.empty()) {
-    LOOM_WARN(kLogBoot, "rank {}: shrink failed: {}", rank_, error);
+    LOOM_WARN(kLogBoot, "rank {}: {} failed: {}", rank_, what, error);
     for (auto& a : here) send_reply(a.fd.get(), false, error.data(), static_cast<uint32_t>(error.size()));
-    return invalid_usage("shrink failed: " + error);
+    return invalid_usage(std::string(what) + " failed: " + error);
   }
-  for (auto& a : here) send_reply(a.fd.get(), true, id.bytes, sizeof(id.bytes));
-  return id;
+  for (auto& a : here) send_reply(a.fd.get(), true, answer.data(), static_cast<uint32_t>(answer.size()));
+  return answer;
 }
 
 }  // namespace loom

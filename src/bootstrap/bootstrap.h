@@ -14,6 +14,7 @@
 // lowest survivor accepts one hello from every other survivor on its listen
 // socket and answers each with the id it created, or with the one precise
 // error (exclude lists that differ, a survivor that never came) to everyone.
+// The same star carries star_allgather (split of a revoked communicator).
 #pragma once
 
 #include <atomic>
@@ -86,6 +87,10 @@ class Bootstrap {
   // excludes for a later round (a rank left out of one shrink may take part
   // in the next one, one generation behind the others).
   Result<UniqueId> shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline);
+  // Allgather (same layout as allgather) through the same star rendezvous,
+  // every rank taking part: for a communicator whose ring cannot be trusted
+  // any more (Comm::split after revoke). Ignores the abort flag.
+  Status star_allgather(void* data, size_t bytes, Deadline deadline);
 
  private:
   Bootstrap() = default;
@@ -95,12 +100,19 @@ class Bootstrap {
   Fd listen_, next_, prev_;
   const std::atomic<bool>* abort_ = nullptr;
   uint32_t shrink_gen_ = 0;
+  // One star round (shrink_rendezvous, star_allgather): the lowest rank not
+  // excluded collects a hello (kind, exclude list, payload) from every other
+  // one and answers all with the same bytes or the same error.
+  Result<std::string> star_round(uint32_t kind, const std::vector<int>& excluded, const std::string& payload,
+                                 Deadline deadline);
   // Coordinator side of shrink_rendezvous.
   struct ShrinkArrival {
     Fd fd;
     int32_t rank = -1;
     uint32_t generation = 0;
     std::vector<int> excluded;
+    uint32_t kind = 0;
+    std::string payload;
   };
   std::vector<uint32_t> shrink_answered_;      // per rank: highest generation answered
   std::vector<ShrinkArrival> shrink_pending_;  // hellos kept for a later round

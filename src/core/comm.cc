@@ -35,9 +35,10 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
   }
   // Short spin first (about 20 us, yielding): small collectives finish within
   // microseconds, and a futex sleep + wake-up costs more than that.
-  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+  std::chrono::steady_clock::time_point until{};
   for (int i = 0;; ++i) {
     if (s.done.load(std::memory_order_acquire)) return s.status;
+    if (i == 0) until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
     if ((i & 63) == 63) {
       if (std::chrono::steady_clock::now() >= until) break;
       sched_yield();
@@ -167,8 +168,13 @@ Result<std::vector<std::unique_ptr<Comm>>> Comm::init_all(int nranks, const Conf
 }
 
 Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
-  LOOM_RETURN_IF_ERROR(impl_->async_error().is_ok() ? Status::ok()
-                                                    : impl_->async_error().with_context("split on a failed communicator"));
+  // A revoked communicator splits through the bootstrap's star rendezvous:
+  // its ring obeys the abort flag, and a revoke may have cut it mid-message.
+  const bool revoked = impl_->revoked();
+  if (!revoked)
+    LOOM_RETURN_IF_ERROR(impl_->async_error().is_ok()
+                             ? Status::ok()
+                             : impl_->async_error().with_context("split on a failed communicator"));
   const int n = impl_->size(), me = impl_->rank();
   struct Entry {
     int32_t color, key, rank, pad;
@@ -177,7 +183,13 @@ Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
   std::vector<Entry> all(n);
   all[me] = {color, key, me, 0, {}};
   Deadline dl = deadline_after(impl_->timeout_s());
-  LOOM_RETURN_IF_ERROR(impl_->bootstrap().allgather(all.data(), sizeof(Entry), dl).with_context("split"));
+  auto allgather = [&](std::vector<Entry>& v) {
+    return (revoked ? impl_->bootstrap().star_allgather(v.data(), sizeof(Entry), dl)
+                    : impl_->bootstrap().allgather(v.data(), sizeof(Entry), dl))
+        .with_context(revoked ? "split after revoke" : "split");
+  };
+  if (revoked) LOOM_RETURN_IF_ERROR(impl_->wait_quiescent(dl).with_context("split after revoke"));
+  LOOM_RETURN_IF_ERROR(allgather(all));
   std::vector<Entry> group;
   for (const auto& e : all)
     if (color >= 0 && e.color == color) group.push_back(e);
@@ -192,7 +204,7 @@ Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
   if (leader) {
     LOOM_ASSIGN_OR_RETURN(ids[me].uid, get_unique_id());
   }
-  LOOM_RETURN_IF_ERROR(impl_->bootstrap().allgather(ids.data(), sizeof(Entry), dl).with_context("split"));
+  LOOM_RETURN_IF_ERROR(allgather(ids));
   if (color < 0) return std::unique_ptr<Comm>();
   int new_rank = 0;
   for (size_t i = 0; i < group.size(); ++i)
@@ -216,6 +228,7 @@ Result<std::unique_ptr<Comm>> Comm::shrink(const std::vector<int>& exclude, bool
   if (static_cast<int>(excl.size()) >= n) return invalid_argument("shrink: every rank is excluded");
   if (abort_first) impl_->abort("aborted by shrink");
   Deadline dl = deadline_after(config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s());
+  if (impl_->revoked()) LOOM_RETURN_IF_ERROR(impl_->wait_quiescent(dl).with_context("shrink after revoke"));
   auto id = impl_->bootstrap().shrink_rendezvous(excl, dl);
   if (!id.is_ok()) return id.status().with_context(fmt::format("shrink of {} rank {}", impl_->name(), me));
   int new_rank = me;
@@ -270,6 +283,9 @@ Result<Work> Comm::recv(void* buf, size_t count, DataType dt, int peer) {
 void Comm::group_start() { impl_->group_start(); }
 Result<Work> Comm::group_end() { return impl_->group_end(); }
 void Comm::abort(const std::string& reason) { impl_->abort(reason); }
+void Comm::revoke() { impl_->revoke(); }
+bool Comm::revoked() const { return impl_->revoked(); }
+bool Comm::quiescent() const { return impl_->quiescent(); }
 Status Comm::destroy() { return impl_->destroy(); }
 Status Comm::async_error() const { return impl_->async_error(); }
 Result<double> Comm::predict_us(Collective coll, size_t bytes) const { return impl_->predict_us(coll, bytes); }

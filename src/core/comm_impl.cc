@@ -81,6 +81,9 @@ CommImpl::~CommImpl() { (void)destroy(); }
 
 Status CommImpl::check_usable(const char* what) const {
   if (destroyed_.load()) return invalid_usage(fmt::format("{}: communicator used after destroy", what));
+  if (revoked_.load())
+    return invalid_usage(fmt::format("{}: communicator {} rank {} was revoked (only split, shrink and destroy remain)",
+                                     what, name_, rank_));
   std::lock_guard<std::mutex> lk(mu_);
   if (!failed_.is_ok())
     return Status(failed_.code(), fmt::format("{}: communicator failed earlier: {}", what, failed_.message()));
@@ -122,8 +125,9 @@ Result<Work> CommImpl::submit(CollArgs args, const void* send, void* recv) {
   }
   args.nranks = nranks_;
   args.rank = rank_;
-  args.host_of_rank = host_of_rank_;
-  SubOp sub{args, {s, r}, 0};
+  // host_of_rank is filled in on a schedule-cache miss (schedule_for), not
+  // copied into every op: the per-op path allocates as little as it can.
+  SubOp sub{std::move(args), {s, r}, 0};
   if (group_depth_ > 0) {
     group_subs_.push_back(std::move(sub));
     return Work();
@@ -185,7 +189,10 @@ Result<Work> CommImpl::group_end() {
   group_subs_.clear();
   if (group_p2p_index_ >= 0) mark_aliased_sends(op.subs[group_p2p_index_]);
   group_p2p_index_ = -1;
-  LOOM_RETURN_IF_ERROR(check_usable("group_end"));
+  if (Status st = check_usable("group_end"); !st.is_ok()) {
+    drop_start_gates(st);
+    return st;
+  }
   return enqueue(std::move(op));
 }
 
@@ -203,9 +210,52 @@ void CommImpl::mark_aliased_sends(SubOp& g) {
   }
 }
 
+void StartGate::open() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    open_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool StartGate::wait_open(Deadline deadline, const std::atomic<bool>& abort) {
+  std::unique_lock<std::mutex> lk(mu_);
+  // Abort has no wake-up of its own here: look at it every few milliseconds.
+  while (!open_) {
+    if (abort.load() || Clock::now() >= deadline) return false;
+    cv_.wait_for(lk, std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void StartGate::finish(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (finished_) return;
+    finished_ = true;
+    status_ = st;
+  }
+  cv_.notify_all();
+}
+
+Status StartGate::wait_finished() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return finished_; });
+  return status_;
+}
+
+void CommImpl::add_start_gate(std::shared_ptr<StartGate> gate) { next_gates_.push_back(std::move(gate)); }
+
+void CommImpl::drop_start_gates(const Status& st) {
+  for (auto& g : next_gates_) g->finish(st);
+  next_gates_.clear();
+}
+
 Result<Work> CommImpl::enqueue(Op op) {
   op.work = std::make_shared<WorkState>();
   op.work->gate = gate_;
+  op.gates = std::move(next_gates_);
+  next_gates_.clear();
   for (auto& s : op.subs) {
     s.seq = next_seq_++;
     if (s.args.coll != Collective::kSendRecv) s.coll_seq = next_coll_seq_++;
@@ -214,12 +264,18 @@ Result<Work> CommImpl::enqueue(Op op) {
   Work w(op.work);
   if (op.subs.empty()) {
     op.work->complete(Status::ok());
+    for (auto& g : op.gates) g->finish(Status::ok());
     return w;
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stopping_) return invalid_usage("operation issued during destroy");
+    if (stopping_) {
+      Status st = invalid_usage("operation issued during destroy");
+      for (auto& g : op.gates) g->finish(st);
+      return st;
+    }
     queue_.push_back(std::move(op));
+    unfinished_.fetch_add(1, std::memory_order_release);
     pending_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
@@ -234,11 +290,12 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   auto it = schedule_cache_.find(key);
   if (it != schedule_cache_.end()) return &it->second;
   // Cache miss: ask the tuner among the algorithms that can serve this call.
+  CollArgs args = a;
+  args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
   std::vector<std::string> available;
   for (const Algorithm* algo : algorithms_for(a.coll))
-    if (algo->supports(a).is_ok()) available.push_back(algo->name);
+    if (algo->supports(args).is_ok()) available.push_back(algo->name);
   std::string chosen;
-  CollArgs args = a;
   const size_t bytes = a.count * dtype_size(a.dt);
   if (tuner_ && !available.empty()) {
     auto sel = tuner_->select(a.coll, bytes, a.nranks, available);
@@ -271,8 +328,8 @@ Status CommImpl::run_sub(SubOp& s) {
   }
   exec_->progress().seq.store(s.seq, std::memory_order_relaxed);
   // ---- diag: recorder state and this op's fingerprint
-  recorder_->on_start(s.seq, sched->algorithm, static_cast<int>(sched->phases.size()));
-  running_since_ns_.store(diag::now_ns(), std::memory_order_relaxed);
+  running_since_ns_.store(recorder_->on_start(s.seq, sched->algorithm, static_cast<int>(sched->phases.size())),
+                          std::memory_order_relaxed);
   running_seq_.store(s.seq + 1, std::memory_order_release);
   fingerprint_.set(&s.args, s.seq, s.coll_seq);
   exec_->set_fingerprint(fingerprints_ ? &fingerprint_ : nullptr);
@@ -374,15 +431,37 @@ bool CommImpl::run_next_queued() {
   Status st = async_error();
   if (!st.is_ok()) st = Status(st.code(), "communicator failed earlier: " + st.message());
   else if (abort_.load()) st = aborted_error("communicator aborted");
+  if (st.is_ok() && !op.gates.empty()) {
+    // Held back until the user's stream reaches the op (shim, CUDA streams).
+    const Deadline deadline = deadline_after(timeout_s_);
+    for (auto& g : op.gates) {
+      if (g->wait_open(deadline, abort_)) continue;
+      st = abort_.load() ? aborted_error("communicator aborted")
+                         : timeout_error(fmt::format("{} rank {}: op #{} never started: its CUDA stream did not "
+                                                     "reach it within {} s (LOOM_TIMEOUT)",
+                                                     name_, rank_, op.subs.front().seq, timeout_s_));
+      LOOM_WARN(kLogColl, "{}", st.message());
+      fail(st);
+      break;
+    }
+  }
   for (auto& sub : op.subs) {
     if (!st.is_ok()) break;
     st = run_sub(sub);
     if (!st.is_ok()) {
+      if (abort_.load()) {
+        // Stopped by abort()/revoke(): the executor only knows the flag; say why.
+        Status why = async_error();
+        if (!why.is_ok() && st.message().find(why.message()) == std::string::npos)
+          st = Status(st.code(), st.message() + " (" + why.message() + ")");
+      }
       LOOM_WARN(kLogColl, "{}", st.message());
       fail(st);
     }
   }
   op.work->complete(st);
+  for (auto& g : op.gates) g->finish(st);
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
   return true;
 }
 
@@ -391,6 +470,23 @@ void CommImpl::abort(const std::string& reason) {
   fail(aborted_error(fmt::format("{} rank {}: {}", name_, rank_, reason)));
   if (transport_) transport_->wake_self();
   cv_.notify_all();
+}
+
+void CommImpl::revoke() {
+  if (revoked_.exchange(true)) return;
+  LOOM_INFO(kLogInit, "{} rank {}: revoked", name_, rank_);
+  // The abort machinery ends the operations here and on the peers; what
+  // differs is what follows (check_usable, Comm::split/shrink).
+  abort(fmt::format("communicator revoked by rank {}", rank_));
+}
+
+Status CommImpl::wait_quiescent(Deadline deadline) const {
+  while (!quiescent()) {
+    if (Clock::now() >= deadline)
+      return timeout_error(fmt::format("{} rank {}: operations still running after revoke", name_, rank_));
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return Status::ok();
 }
 
 Status CommImpl::destroy() {

@@ -45,6 +45,25 @@ struct WorkState {
   void complete(Status st);
 };
 
+// Holds an op back until something outside Loom is ready (the shim: the
+// user's CUDA stream reached the op). The engine waits for open() before the
+// op starts, bounded by the op's deadline and the abort flag, and calls
+// finish() once the op completed, so whoever opened the gate can wait for
+// the op (later stream work is ordered after it).
+struct StartGate {
+  void open();
+  // Waits for open(); false on deadline or abort.
+  bool wait_open(Deadline deadline, const std::atomic<bool>& abort);
+  void finish(const Status& st);
+  Status wait_finished();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false, finished_ = false;
+  Status status_;
+};
+
 class CommImpl final : public diag::DiagClient {
  public:
   static Result<std::unique_ptr<CommImpl>> create(const UidContents& uid, int nranks, int rank, const Config& cfg);
@@ -62,8 +81,19 @@ class CommImpl final : public diag::DiagClient {
   Result<Work> submit_p2p(bool is_send, void* buf, size_t count, DataType dt, int peer);
   void group_start();
   Result<Work> group_end();
+  // The next op enqueued (a lone call, or the group being built) waits for
+  // `gate` before it starts; several gates: it waits for all.
+  void add_start_gate(std::shared_ptr<StartGate> gate);
+  // Gates added but not yet given to an op are finished with `st` (the call
+  // failed before it enqueued anything).
+  void drop_start_gates(const Status& st);
 
   void abort(const std::string& reason);
+  void revoke();
+  bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+  bool quiescent() const { return unfinished_.load(std::memory_order_acquire) == 0; }
+  // Waits (polling) until quiescent() or the deadline passes.
+  Status wait_quiescent(Deadline deadline) const;
   Status destroy();
   Status async_error() const;
   Result<double> predict_us(Collective coll, size_t bytes) const;
@@ -88,6 +118,7 @@ class CommImpl final : public diag::DiagClient {
   struct Op {
     std::vector<SubOp> subs;
     std::shared_ptr<WorkState> work;
+    std::vector<std::shared_ptr<StartGate>> gates;  // waited for before the op starts
   };
 
   CommImpl() = default;
@@ -112,6 +143,8 @@ class CommImpl final : public diag::DiagClient {
   std::unique_ptr<topo::Tuner> tuner_;  // algorithm choice: LOOM_ALGO > plugin > cost model
   std::atomic<bool> abort_{false};
   std::atomic<bool> destroyed_{false};
+  std::atomic<bool> revoked_{false};
+  std::atomic<int> unfinished_{0};  // ops enqueued and not yet completed
 
   mutable std::mutex mu_;  // guards queue_, failed_, stopping_
   std::condition_variable cv_;
@@ -122,6 +155,7 @@ class CommImpl final : public diag::DiagClient {
   std::thread engine_;
 
   uint64_t next_seq_ = 0;  // issuing thread only
+  std::vector<std::shared_ptr<StartGate>> next_gates_;  // issuing thread only
   int group_depth_ = 0;
   std::vector<SubOp> group_subs_;
   int group_p2p_index_ = -1;  // position of the merged p2p sub-op in group_subs_

@@ -55,15 +55,17 @@ void FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs&
   next_.store(seq + 1, std::memory_order_release);
 }
 
-void FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases) {
-  if (!cap_) return;
+int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases) {
+  const int64_t now = now_ns();
+  if (!cap_) return now;
   Entry& e = slot(seq);
   uint64_t name = 0;
   std::memcpy(&name, algorithm.data(), std::min<size_t>(algorithm.size(), 8));
   e.algo.store(name, std::memory_order_relaxed);
   e.nphases.store(nphases, std::memory_order_relaxed);
-  e.t_start.store(now_ns(), std::memory_order_relaxed);
+  e.t_start.store(now, std::memory_order_relaxed);
   e.state.store(static_cast<int>(OpState::kStarted), std::memory_order_release);
+  return now;
 }
 
 void FlightRecorder::on_end(uint64_t seq, bool ok) {

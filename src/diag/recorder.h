@@ -32,7 +32,8 @@ class FlightRecorder {
   size_t capacity() const { return cap_; }
 
   void on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a);
-  void on_start(uint64_t seq, const std::string& algorithm, int nphases);
+  // Returns the start time it recorded (now_ns), so callers need no second clock read.
+  int64_t on_start(uint64_t seq, const std::string& algorithm, int nphases);
   void on_end(uint64_t seq, bool ok);
 
   // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md).

@@ -1,9 +1,11 @@
 // Communicator lifecycle: unique id, init (rank, config, all, scalable),
 // split, shrink, finalize, destroy, abort, revoke.
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shim/alias.h"
@@ -129,7 +131,17 @@ Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
                   const ncclConfig_t* config) {
   if (newcomm == nullptr) return invalid_argument("newcomm is NULL");
   *newcomm = nullptr;
-  LOOM_ASSIGN_OR_RETURN(ncclComm * p, ready_comm(parent));
+  LOOM_ASSIGN_OR_RETURN(ncclComm * p, live_comm(parent));
+  bool revoked;
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    revoked = p->revoked;
+  }
+  // A revoked communicator may be split (loom::Comm::split meets through the
+  // bootstrap, not the revoked ring); otherwise it must be usable. splitShare
+  // is never acted on: Loom shares no resources between communicators, which
+  // is also what NCCL requires while the parent is revoked.
+  if (!revoked) LOOM_RETURN_IF_ERROR(ready_comm(parent).status());
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     return invalid_argument("color " + std::to_string(color) +
                             " must be >= 0 or NCCL_SPLIT_NOCOLOR");
@@ -303,13 +315,28 @@ extern "C" ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return invalid_argument("revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
-    // Loom's abort stops in-flight work and tells the peers; unlike NCCL the
-    // communicator cannot be split afterwards, only destroyed.
-    c->comm->abort("ncclCommRevoke");
-    (void)drain(c);
-    std::lock_guard<std::mutex> lock(c->mu);
-    c->revoked = true;
-    return Status::ok();
+    // loom::Comm::revoke ends queued and running operations here and on the
+    // peers ("communicator revoked by rank R") and refuses new ones; split,
+    // shrink and destroy stay possible. The state (ncclCommGetAsyncError, via
+    // poll) is in progress until every operation has ended, then success.
+    bool had_work;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      had_work = !c->inflight.empty();
+      c->revoked = true;
+    }
+    c->comm->revoke();
+    if (!c->blocking) {
+      Status s = poll(c);
+      return had_work ? Status(StatusCode::kInProgress, "revoke in progress; poll ncclCommGetAsyncError") : s;
+    }
+    // Blocking communicator: return once quiescent. Revoked operations end
+    // within milliseconds (each also has the communicator's deadline).
+    for (;;) {
+      Status s = poll(c);
+      if (s.code() != StatusCode::kInProgress) return s;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   });
 }
 

@@ -138,6 +138,24 @@ Status submit(ncclComm* comm, PendingOp op) {
 Status poll(ncclComm* comm) {
   std::lock_guard<std::mutex> lock(comm->mu);
   auto& list = comm->inflight;
+  if (comm->revoked) {
+    // NCCL's revoke state: in progress until the communicator is quiescent,
+    // then success. The errors of the revoked operations are the revoke's
+    // own doing and are not reported.
+    for (auto it = list.begin(); it != list.end();) {
+      if (it->done()) {
+        // Not an async error, but ncclGetLastError says what ended the operation.
+        Status s = it->finish();
+        if (!s.is_ok()) comm->last_error = s.to_string();
+        it = list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!list.empty() || (comm->comm != nullptr && !comm->comm->quiescent()))
+      return Status(StatusCode::kInProgress, "revoke in progress: operations are still ending");
+    return Status::ok();
+  }
   for (auto it = list.begin(); it != list.end();) {
     if (!it->done()) {
       ++it;

@@ -151,7 +151,8 @@ Status submit(ncclComm* comm, PendingOp op);
 Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done);
 // Completes (blocking) or parks (non-blocking) a completion.
 Status settle(ncclComm* comm, Completion done);
-// Polls in-flight work: ok, kInProgress, or the first error.
+// Polls in-flight work: ok, kInProgress, or the first error. After revoke:
+// kInProgress until the communicator is quiescent, then ok.
 Status poll(ncclComm* comm);
 // Waits for all in-flight work of a comm.
 Status drain(ncclComm* comm);

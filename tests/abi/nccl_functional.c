@@ -3,7 +3,7 @@
  * with Loom's libnccl.so.2: 4 ranks as forked processes (host buffers, unique
  * ids shared through files) run every collective for every data type and
  * reduction, Send/Recv in groups, Split, Shrink, PreMulSum, non-blocking init,
- * InitRankScalable, Abort (also with peers blocked), GroupSimulateEnd,
+ * InitRankScalable, Revoke then Split, Abort (also with peers blocked), GroupSimulateEnd,
  * registration, windows and bad input. Afterwards the parent process checks
  * ncclCommInitAll and grouped ncclCommInitRank from one thread.
  *
@@ -620,6 +620,29 @@ static void test_abort(void) {
   NCCLCHECK(ncclCommAbort(comm));
 }
 
+static void test_revoke_then_split(void) {
+  ncclUniqueId id;
+  share_id("revoke", &id);
+  ncclComm_t comm = NULL;
+  NCCLCHECK(ncclCommInitRank(&comm, kRanks, id, g_rank));
+  /* Blocking communicator: Revoke returns once it is quiescent. */
+  NCCLCHECK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
+  ncclResult_t async = ncclInternalError;
+  NCCLCHECK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclSuccess, "async state %d after revoke", (int)async);
+  int v = 1;
+  EXPECT_ERROR(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage, "revoked");
+  EXPECT_ERROR(ncclCommFinalize(comm), ncclInvalidUsage, "Revoke");
+  /* The revoked communicator still splits (across processes). */
+  ncclComm_t half = NULL;
+  NCCLCHECK(ncclCommSplit(comm, g_rank % 2, g_rank, &half, NULL));
+  v = 1 << g_rank;
+  NCCLCHECK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, half, NULL));
+  CHECK(v == (g_rank % 2 ? 2 + 8 : 1 + 4), "allreduce after revoke + split gave %d", v);
+  NCCLCHECK(ncclCommDestroy(half));
+  NCCLCHECK(ncclCommDestroy(comm));
+}
+
 /* ---- one rank ----------------------------------------------------------- */
 
 static void run_rank(void) {
@@ -649,6 +672,7 @@ static void run_rank(void) {
 
   NCCLCHECK(ncclCommFinalize(world));
   NCCLCHECK(ncclCommDestroy(world));
+  test_revoke_then_split();
   test_abort();
 }
 
@@ -764,7 +788,7 @@ int main(void) {
     return 1;
   }
   printf("nccl_functional: OK (4 ranks x %d types x %d ops; movement, p2p, groups, split, shrink, "
-         "PreMulSum, non-blocking, scalable, abort, bad input; InitAll)\n",
+         "PreMulSum, non-blocking, scalable, revoke, abort, bad input; InitAll)\n",
          ncclNumTypes, ncclNumOps);
   return 0;
 }
