@@ -68,6 +68,12 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_DUMP_ON_SIGUSR1", "bool", "1",
        "Write a diagnostic dump when the process receives SIGUSR1 (only if the program has no SIGUSR1 handler)."},
       {"LOOM_LOOMRUN_GRACE", "double", "3", "loomrun: seconds to wait for the other ranks after one fails before killing them."},
+      {"LOOM_CUDART_LIBRARY", "string", "",
+       "CUDA runtime to dlopen (path or name). Unset: libcudart.so.13, then .so.12, then .so. Not found, or no "
+       "device visible: Loom runs without CUDA (host buffers; the stream argument is ignored)."},
+      {"LOOM_NVML_LIBRARY", "string", "",
+       "NVML to dlopen for GPU discovery (bus ids, SM, NVLink peers). Unset: libnvidia-ml.so.1. Not found: the "
+       "topology has no GPU details."},
   };
   return r;
 }

@@ -3,8 +3,13 @@
 // Every entry point checks its arguments the way NCCL does (same result
 // codes), then hands a PendingOp to submit(): run now and wait (blocking
 // comm), run now and poll later (non-blocking comm), or record for GroupEnd.
-// Buffers are host memory; the stream argument has no meaning without CUDA
-// and is ignored.
+// Buffers are host memory. Without a usable CUDA runtime the stream argument
+// has no meaning and is ignored. With one (src/cuda/cuda_loader.h), device
+// buffers are refused (no CUDA memory backend yet) and the host op is ordered
+// on the stream: it is enqueued at once (so every rank's issue order is its
+// call order), held back by a StartGate until a host function launched on the
+// stream runs, and that host function then waits for the op, so the stream's
+// later work sees the result. The caller does not wait for the stream.
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -14,6 +19,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/comm_impl.h"
+#include "cuda/cuda_loader.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 
@@ -36,6 +43,42 @@ std::string fmt_ptr(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
   return buf;
+}
+
+// ---- CUDA streams -----------------------------------------------------------
+
+// The runtime when it is usable (loaded, sees a device); else null.
+const cuda::CudaRuntimeApi* cuda_runtime() { return cuda::CudaLoader::get().runtime(); }
+
+// One call ordered on a CUDA stream.
+struct StreamOp {
+  std::shared_ptr<detail::StartGate> gate = std::make_shared<detail::StartGate>();
+  // Reads of user memory that must see the stream's prior work (PreMulSum
+  // scaling): run by the host function before the gate opens.
+  std::vector<std::function<void()>> before;
+  Completion done;           // a lone call: completed on the stream
+  bool owns_completion = false;
+};
+
+// Runs on the stream's host-function thread when the stream reaches the call.
+void stream_reached(void* arg) {
+  std::unique_ptr<std::shared_ptr<StreamOp>> holder(static_cast<std::shared_ptr<StreamOp>*>(arg));
+  StreamOp& so = **holder;
+  for (auto& f : so.before) f();
+  so.gate->open();
+  Status st = so.gate->wait_finished();
+  if (so.owns_completion) st = so.done.wait();  // Gather/Scatter's root block, temporaries
+  // A failure has already marked the loom communicator failed; the user sees
+  // it from ncclCommGetAsyncError and from the next call.
+  if (!st.is_ok() && log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, "stream-ordered op failed: " + st.to_string());
+}
+
+Status launch_on_stream(const cuda::CudaRuntimeApi& rt, cudaStream_t stream, std::shared_ptr<StreamOp> so) {
+  auto* arg = new std::shared_ptr<StreamOp>(so);
+  cuda::CudaError e = rt.launch_host_func(reinterpret_cast<cuda::CudaStream>(stream), &stream_reached, arg);
+  if (e == cuda::kCudaSuccess) return Status::ok();
+  delete arg;
+  return internal_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
 }
 
 struct ResolvedOp {
@@ -76,6 +119,16 @@ Status check_count(size_t count, DataType dt, size_t multiplier) {
 Status check_buffer(const void* p, size_t bytes, const char* name) {
   if (p == nullptr) return invalid_argument(std::string(name) + " is NULL");
   if (bytes == 0) return Status::ok();
+  if (const cuda::CudaRuntimeApi* rt = cuda_runtime()) {
+    // Host, managed and unregistered (plain malloc) memory run on the host
+    // engine; an error means the runtime does not know the pointer: host.
+    cuda::CudaPointerAttributes a;
+    if (rt->pointer_get_attributes(&a, p) == cuda::kCudaSuccess && a.type == cuda::CudaMemoryType::kDevice)
+      return invalid_argument(std::string(name) + " " + fmt_ptr(p) + " is CUDA device memory (device " +
+                              std::to_string(a.device) +
+                              "); this Loom runs collectives on host buffers only: device buffers need the "
+                              "CUDA memory backend, which is not built yet");
+  }
   char probe[2];
   iovec local{probe, sizeof probe};
   iovec remote[2] = {{const_cast<void*>(p), 1},
@@ -95,11 +148,14 @@ Status check_rank(const ncclComm* c, int r, const char* what) {
 }
 
 // The input a reduction actually reads: the caller's, or a scaled copy.
+// On a stream the scaling waits for the stream (it reads the user's input).
 const void* reduction_input(const void* send, size_t n, DataType dt,
-                            const std::optional<PreMulOp>& pm, Completion& done) {
+                            const std::optional<PreMulOp>& pm, Completion& done, StreamOp* so) {
   if (!pm) return send;
   std::byte* t = done.temp(n * dtype_size(dt));
-  scale(t, send, n, dt, pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer);
+  const void* scalar = pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer;
+  if (so != nullptr) so->before.push_back([=] { scale(t, send, n, dt, scalar); });
+  else scale(t, send, n, dt, scalar);
   return t;
 }
 
@@ -109,14 +165,57 @@ Status add_work(Result<Work> w, Completion& done) {
   return Status::ok();
 }
 
-using Issue = std::function<Status(Comm&, Completion&)>;
+// `so` is the call's stream state, null when the stream is ignored.
+using Issue = std::function<Status(Comm&, Completion&, StreamOp*)>;
 
-Status run(ncclComm* c, Collective coll, size_t bytes, Issue issue) {
+Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issue issue) {
   PendingOp op;
   op.coll = coll;
   op.bytes = bytes;
-  op.issue = std::move(issue);
-  return submit(c, std::move(op));
+  const cuda::CudaRuntimeApi* rt = cuda_runtime();
+  if (rt == nullptr) {
+    op.issue = [issue = std::move(issue)](Comm& lc, Completion& done) { return issue(lc, done, nullptr); };
+    return submit(c, std::move(op));
+  }
+  auto so = std::make_shared<StreamOp>();
+  if (in_group()) {
+    // Issued at GroupEnd (group.cc), inside the group's one loom op: the host
+    // function goes on the stream then, and the group's op waits for it.
+    // GroupEnd completes the group as for host calls.
+    op.issue = [issue = std::move(issue), so, stream, rt](Comm& lc, Completion& done) -> Status {
+      lc.impl()->add_start_gate(so->gate);
+      Status st = issue(lc, done, so.get());
+      if (st.is_ok()) st = launch_on_stream(*rt, stream, so);
+      if (!st.is_ok()) so->gate->open();  // never leave the group's op waiting
+      return st;
+    };
+    return submit(c, std::move(op));
+  }
+  op.issue = [issue = std::move(issue), so](Comm& lc, Completion& done) {
+    lc.impl()->add_start_gate(so->gate);
+    return issue(lc, done, so.get());
+  };
+  std::vector<PendingOp> one;
+  one.push_back(std::move(op));
+  Completion done;
+  Status st = issue_batch(c, one, done);
+  if (!st.is_ok()) {
+    c->comm->impl()->drop_start_gates(st);
+    so->gate->open();  // a partly enqueued call (Gather/Scatter) must not wait for a stream
+    (void)done.wait();
+    return st;
+  }
+  so->done = std::move(done);
+  so->owns_completion = true;
+  if (Status ls = launch_on_stream(*rt, stream, so); !ls.is_ok()) {
+    // The op is enqueued on every rank: let it run now, unordered, and say so.
+    for (auto& f : so->before) f();
+    so->gate->open();
+    (void)so->gate->wait_finished();
+    (void)so->done.wait();
+    return ls;
+  }
+  return Status::ok();
 }
 
 // Gather and Scatter have no loom collective: point-to-point in one loom
@@ -151,7 +250,7 @@ Status rooted_p2p(Comm& lc, Completion& done, int rank, int nranks, int root, si
 
 extern "C" ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                       cudaStream_t) {
+                                       cudaStream_t stream) {
   return guard("ncclAllReduce", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -160,9 +259,9 @@ extern "C" ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, siz
     if (count == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kAllReduce, count * dtype_size(dt),
-               [=](Comm& lc, Completion& done) {
-                 const void* in = reduction_input(sendbuff, count, dt, ro.premul, done);
+    return run(c, stream, Collective::kAllReduce, count * dtype_size(dt),
+               [=](Comm& lc, Completion& done, StreamOp* so) {
+                 const void* in = reduction_input(sendbuff, count, dt, ro.premul, done, so);
                  return add_work(lc.allreduce(in, recvbuff, count, dt, ro.op), done);
                });
   });
@@ -170,7 +269,7 @@ extern "C" ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, siz
 
 extern "C" ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                     ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                    ncclComm_t comm, cudaStream_t) {
+                                    ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclReduce", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -180,8 +279,8 @@ extern "C" ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t
     if (count == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
     if (c->rank == root) LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff (at root)"));
-    return run(c, Collective::kReduce, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
-      const void* in = reduction_input(sendbuff, count, dt, ro.premul, done);
+    return run(c, stream, Collective::kReduce, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
+      const void* in = reduction_input(sendbuff, count, dt, ro.premul, done, so);
       return add_work(lc.reduce(in, recvbuff, count, dt, ro.op, root), done);
     });
   });
@@ -189,7 +288,7 @@ extern "C" ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t
 
 extern "C" ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                            ncclDataType_t datatype, ncclRedOp_t op,
-                                           ncclComm_t comm, cudaStream_t) {
+                                           ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclReduceScatter", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -199,16 +298,16 @@ extern "C" ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff,
     if (recvcount == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, recvcount * p * dtype_size(dt), "sendbuff"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, recvcount * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kReduceScatter, recvcount * p * dtype_size(dt),
-               [=](Comm& lc, Completion& done) {
-                 const void* in = reduction_input(sendbuff, recvcount * p, dt, ro.premul, done);
+    return run(c, stream, Collective::kReduceScatter, recvcount * p * dtype_size(dt),
+               [=](Comm& lc, Completion& done, StreamOp* so) {
+                 const void* in = reduction_input(sendbuff, recvcount * p, dt, ro.premul, done, so);
                  return add_work(lc.reduce_scatter(in, recvbuff, recvcount, dt, ro.op), done);
                });
   });
 }
 
 extern "C" ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                       ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                                       ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllGather", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -217,8 +316,8 @@ extern "C" ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, siz
     if (sendcount == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, sendcount * dtype_size(dt), "sendbuff"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, sendcount * p * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kAllGather, sendcount * p * dtype_size(dt),
-               [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kAllGather, sendcount * p * dtype_size(dt),
+               [=](Comm& lc, Completion& done, StreamOp* so) {
                  return add_work(lc.all_gather(sendbuff, recvbuff, sendcount, dt), done);
                });
   });
@@ -226,7 +325,7 @@ extern "C" ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, siz
 
 extern "C" ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                        ncclDataType_t datatype, int root, ncclComm_t comm,
-                                       cudaStream_t) {
+                                       cudaStream_t stream) {
   return guard("ncclBroadcast", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -235,7 +334,7 @@ extern "C" ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, siz
     if (count == 0) return Status::ok();
     if (c->rank == root) LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff (at root)"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kBroadcast, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kBroadcast, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.broadcast(sendbuff, recvbuff, count, dt, root), done);
     });
   });
@@ -247,7 +346,7 @@ extern "C" ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t data
 }
 
 extern "C" ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                                      ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                                      ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAlltoAll", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -256,8 +355,8 @@ extern "C" ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size
     if (count == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * p * dtype_size(dt), "sendbuff"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * p * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kAllToAll, count * p * dtype_size(dt),
-               [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kAllToAll, count * p * dtype_size(dt),
+               [=](Comm& lc, Completion& done, StreamOp* so) {
                  return add_work(lc.all_to_all(sendbuff, recvbuff, count, dt), done);
                });
   });
@@ -265,7 +364,7 @@ extern "C" ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size
 
 extern "C" ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                     ncclDataType_t datatype, int root, ncclComm_t comm,
-                                    cudaStream_t) {
+                                    cudaStream_t stream) {
   return guard("ncclGather", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -276,7 +375,7 @@ extern "C" ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t
     if (c->rank == root)
       LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * c->nranks * dtype_size(dt), "recvbuff (at root)"));
     const int rank = c->rank, nranks = c->nranks;
-    return run(c, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return rooted_p2p(lc, done, rank, nranks, root, count, dt,
                         static_cast<const std::byte*>(sendbuff), static_cast<std::byte*>(recvbuff),
                         true);
@@ -286,7 +385,7 @@ extern "C" ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t
 
 extern "C" ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, int root, ncclComm_t comm,
-                                     cudaStream_t) {
+                                     cudaStream_t stream) {
   return guard("ncclScatter", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -297,7 +396,7 @@ extern "C" ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_
       LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * c->nranks * dtype_size(dt), "sendbuff (at root)"));
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
     const int rank = c->rank, nranks = c->nranks;
-    return run(c, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return rooted_p2p(lc, done, rank, nranks, root, count, dt,
                         static_cast<const std::byte*>(sendbuff), static_cast<std::byte*>(recvbuff),
                         false);
@@ -306,7 +405,7 @@ extern "C" ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_
 }
 
 extern "C" ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-                                  int peer, ncclComm_t comm, cudaStream_t) {
+                                  int peer, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclSend", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -314,14 +413,14 @@ extern "C" ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataTy
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
-    return run(c, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.send(sendbuff, count, dt, peer), done);
     });
   });
 }
 
 extern "C" ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                  ncclComm_t comm, cudaStream_t) {
+                                  ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclRecv", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, ready_comm(comm));
     LOOM_ASSIGN_OR_RETURN(DataType dt, check_dtype(datatype));
@@ -329,7 +428,7 @@ extern "C" ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t d
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
-    return run(c, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done) {
+    return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.recv(recvbuff, count, dt, peer), done);
     });
   });

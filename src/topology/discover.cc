@@ -12,6 +12,9 @@
 #include <memory>
 #include <set>
 
+#include "core/log.h"
+#include "cuda/cuda_loader.h"
+#include "cuda/gpu_info.h"
 #include "topology/topo_log.h"
 
 #ifdef LOOM_HAVE_HWLOC
@@ -60,10 +63,93 @@ XmlElement net_element(const std::string& name, long speed_mbps, int dev, int po
   return net;
 }
 
-// SEAM(CUDA/NVML): fill <gpu dev sm rank gdr> and its <nvlink target count
-// tclass> children for the GPU at `busid`. Without NVML the PCI element
-// alone marks the GPU; paths between such GPUs are PCI/SMP paths.
-[[maybe_unused]] void add_gpu_details(XmlElement& /*pci_gpu*/, const std::string& /*busid*/) {}
+// <gpu dev sm rank gdr> with its <nvlink target count tclass> children, as
+// NCCL writes them. Ranks map to GPUs in CUDA index order (paths.h), so a
+// host's rank r is its GPU dev r. All NVSwitch links of a GPU become one
+// <nvlink> (count = their sum, target = the first switch): the importer folds
+// a host's NVSwitches into one node, as NCCL does, and keeps one link to it.
+XmlElement gpu_element(const cuda::GpuInfo& g, bool gdr) {
+  XmlElement gpu;
+  gpu.name = "gpu";
+  gpu.set_attr("dev", std::to_string(g.dev));
+  if (g.sm > 0) gpu.set_attr("sm", std::to_string(g.sm));
+  gpu.set_attr("rank", std::to_string(g.dev));
+  gpu.set_attr("gdr", gdr ? "1" : "0");
+  int switch_links = 0;
+  std::string first_switch;
+  for (const cuda::NvLinkPeer& p : g.links) {
+    if (p.nvswitch) {
+      switch_links += p.count;
+      if (first_switch.empty()) first_switch = p.busid;
+      continue;
+    }
+    XmlElement nv;
+    nv.name = "nvlink";
+    nv.attrs = {{"target", p.busid}, {"count", std::to_string(p.count)}, {"tclass", "0x030200"}};
+    gpu.children.push_back(std::move(nv));
+  }
+  if (switch_links > 0) {
+    XmlElement nv;
+    nv.name = "nvlink";
+    nv.attrs = {{"target", first_switch}, {"count", std::to_string(switch_links)}, {"tclass", "0x068000"}};
+    gpu.children.push_back(std::move(nv));
+  }
+  return gpu;
+}
+
+XmlElement* find_pci(XmlElement& el, const std::string& busid) {
+  if (el.name == "pci") {
+    std::string b;
+    if (const std::string* v = el.attr("busid"); v != nullptr && normalize_busid(*v, b) && b == busid) return &el;
+  }
+  for (XmlElement& c : el.children) {
+    if (XmlElement* f = find_pci(c, busid)) return f;
+  }
+  return nullptr;
+}
+
+// GPU Direct RDMA needs the peer-memory module (nvidia-peermem, or the older
+// nv_peer_mem) loaded.
+bool gdr_available(const std::string& sysfs_root) {
+  return path_exists(sysfs_root + "/module/nvidia_peermem") ||
+         path_exists(sysfs_root + "/kernel/mm/memory_peers/nv_mem/version");
+}
+
+// NVML's GPUs into the tree: details under the hwloc <pci> element of each,
+// or a new <pci> under the first CPU for GPUs hwloc did not list (no hwloc,
+// or a container that hides the PCI tree).
+void add_nvml_gpus(XmlElement& system, const DiscoverOptions& opt) {
+  const cuda::CudaLoader& loader = opt.cuda != nullptr ? *opt.cuda : cuda::CudaLoader::get();
+  if (loader.nvml() == nullptr) {
+    LOOM_INFO(kLogTopo, "no GPU details: NVML {}", loader.nvml_status());
+    return;
+  }
+  cuda::GpuQuery q = cuda::query_gpus(loader);
+  for (const std::string& note : q.notes) topo_warn(note);
+  const bool gdr = gdr_available(opt.sysfs_root);
+  for (const cuda::GpuInfo& g : q.gpus) {
+    XmlElement* pci = find_pci(system, g.busid);
+    bool added = pci == nullptr;
+    if (added) {
+      XmlElement el;
+      el.name = "pci";
+      el.set_attr("busid", g.busid);
+      char id[16];
+      el.set_attr("class", "0x030200");
+      std::snprintf(id, sizeof id, "0x%04x", g.pci_device_id & 0xffffu);
+      el.set_attr("vendor", id);
+      std::snprintf(id, sizeof id, "0x%04x", g.pci_device_id >> 16);
+      el.set_attr("device", id);
+      system.children[0].children.push_back(std::move(el));
+      pci = &system.children[0].children.back();
+    }
+    pci->children.push_back(gpu_element(g, gdr));
+    int links = 0;
+    for (const cuda::NvLinkPeer& p : g.links) links += p.count;
+    LOOM_INFO(kLogTopo, "GPU {} at {}: sm {}, {} NVLink(s) to {} peer(s){}", g.dev, g.busid, g.sm, links,
+              g.links.size(), added ? " (not in hwloc's PCI tree: placed under the first CPU)" : "");
+  }
+}
 
 #ifdef LOOM_HAVE_HWLOC
 
@@ -208,13 +294,8 @@ class HwlocDiscovery {
       bool gpu = is_gpu_class(p), nic = is_nic_class(p);
       if (!gpu && !nic) continue;
       int leaf = tmp_for(dev, false);
-      if (gpu) {
-        XmlElement pseudo;
-        add_gpu_details(pseudo, busid_of(p));
-        if (!pseudo.name.empty()) tmps_[leaf].extra.push_back(std::move(pseudo));
-      } else {
-        add_nic_details(tmps_[leaf], dev, nets_seen);
-      }
+      // GPU details (<gpu>, <nvlink>) are added from NVML by add_nvml_gpus.
+      if (!gpu) add_nic_details(tmps_[leaf], dev, nets_seen);
       // Walk up through PCI-to-PCI bridges; host bridges end the chain.
       int child = leaf;
       hwloc_obj_t up = dev->parent;
@@ -332,6 +413,7 @@ XmlElement discover_host_xml(const DiscoverOptions& options) {
     cpu.set_attr("arch", machine_arch());
     system.children.push_back(std::move(cpu));
   }
+  add_nvml_gpus(system, options);
   // Interfaces that are up but were not found on the PCI tree (virtual NICs
   // of containers and VMs, or every NIC without hwloc) still carry socket
   // traffic; they hang directly under the first CPU.

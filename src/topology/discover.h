@@ -9,9 +9,10 @@
 //   - sysfs: PCIe link speed/width, Ethernet speed (/sys/class/net/X/speed),
 //     InfiniBand port rate (/sys/class/infiniband/X/ports/N/rate), and virtual
 //     interfaces that are up but not on a PCI bus (containers, VMs).
-//   - SEAM(CUDA/NVML): GPU details (CUDA index, SM, NVLink peers) are not
-//     discovered yet: no GPU on the development machine. add_gpu_details() in
-//     discover.cc is where NVML results become <gpu> / <nvlink> elements.
+//   - NVML and the CUDA runtime (src/cuda, loaded at run time when present):
+//     per GPU its bus id, CUDA index and SM (<gpu dev sm rank gdr>) and its
+//     NVLink peers (<nvlink target count tclass>), attached to the GPU's <pci>
+//     element, or to a new one under the first CPU when hwloc did not list it.
 // Discovery never fails: with nothing found it returns one <cpu numaid="0">.
 #pragma once
 
@@ -22,11 +23,16 @@
 #include "topology/topo_xml.h"
 #include "topology/xml.h"
 
+namespace loom::cuda {
+class CudaLoader;
+}
+
 namespace loom::topo {
 
 struct DiscoverOptions {
   bool use_hwloc = true;              // false: sysfs only (also the build without hwloc)
   std::string sysfs_root = "/sys";    // tests point this at a fake tree
+  const cuda::CudaLoader* cuda = nullptr;  // GPU details from; null = the process-wide loader
 };
 
 struct NetInterface {

@@ -1,0 +1,235 @@
+// A mock libcudart.so with the functions Loom resolves (src/cuda/cuda_loader.cc)
+// plus what tests need to drive it: streams that really run their work in
+// order on a worker thread each, "device" allocations, and
+// loom_mock_stream_enqueue_copy to put a delayed memory copy on a stream.
+// The device list is that of LOOM_MOCK_GPUS (mock_gpus.h).
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_loader.h"
+#include "mock_gpus.h"
+
+using loom::cuda::CudaError;
+using loom::cuda::CudaHostFn;
+using loom::cuda::CudaMemoryType;
+using loom::cuda::CudaPointerAttributes;
+using loom::cuda::CudaStream;
+
+namespace {
+
+constexpr CudaError kInvalidValue = 1;
+constexpr CudaError kInvalidDevice = 101;
+constexpr CudaError kNoDevice = 100;
+
+const loom::mock::MockMachine& machine() {
+  static loom::mock::MockMachine m = loom::mock::mock_machine();
+  return m;
+}
+
+// One stream: a FIFO of tasks run by its own thread, in order.
+class MockStream {
+ public:
+  MockStream() : worker_([this] { run(); }) {}
+  ~MockStream() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks_.push_back(std::move(task));
+      ++enqueued_;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock<std::mutex> lk(mu_);
+    const uint64_t target = enqueued_;
+    cv_.wait(lk, [&] { return finished_ >= target; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and drained
+      std::function<void()> t = std::move(tasks_.front());
+      tasks_.pop_front();
+      lk.unlock();
+      t();
+      lk.lock();
+      ++finished_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  uint64_t enqueued_ = 0, finished_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+std::mutex g_mu;
+std::map<CudaStream, MockStream*>& streams() {
+  static std::map<CudaStream, MockStream*> s;
+  return s;
+}
+std::map<uintptr_t, size_t>& device_ranges() {  // start -> bytes
+  static std::map<uintptr_t, size_t> r;
+  return r;
+}
+
+// The legacy default stream (null handle) is a stream of its own here.
+MockStream* stream_of(CudaStream s) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = streams().find(s);
+  if (it != streams().end()) return it->second;
+  if (s != nullptr) return nullptr;
+  auto* d = new MockStream();  // lives until exit, like CUDA's default stream
+  streams()[nullptr] = d;
+  return d;
+}
+
+}  // namespace
+
+extern "C" {
+
+CudaError cudaGetDeviceCount(int* count) {
+  if (!machine().valid || machine().gpus.empty()) {
+    *count = 0;
+    return kNoDevice;
+  }
+  *count = static_cast<int>(machine().gpus.size());
+  return 0;
+}
+
+CudaError cudaDeviceGetAttribute(int* value, int attr, int device) {
+  if (device < 0 || static_cast<size_t>(device) >= machine().gpus.size()) return kInvalidDevice;
+  const int sm = machine().gpus[static_cast<size_t>(device)].sm;
+  if (attr == loom::cuda::kCudaDevAttrComputeCapabilityMajor) *value = sm / 10;
+  else if (attr == loom::cuda::kCudaDevAttrComputeCapabilityMinor) *value = sm % 10;
+  else return kInvalidValue;
+  return 0;
+}
+
+CudaError cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device < 0 || static_cast<size_t>(device) >= machine().gpus.size()) return kInvalidDevice;
+  // CUDA writes the 8-digit domain form, like NVML's busId.
+  std::snprintf(bus_id, static_cast<size_t>(len), "%s", machine().gpus[static_cast<size_t>(device)].busid.c_str());
+  return 0;
+}
+
+CudaError cudaPointerGetAttributes(CudaPointerAttributes* attr, const void* ptr) {
+  if (attr == nullptr) return kInvalidValue;
+  *attr = CudaPointerAttributes{};
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = device_ranges().upper_bound(p);
+  if (it != device_ranges().begin()) {
+    --it;
+    if (p < it->first + it->second) {
+      attr->type = CudaMemoryType::kDevice;
+      attr->device_pointer = const_cast<void*>(ptr);
+      return 0;
+    }
+  }
+  attr->type = CudaMemoryType::kUnregistered;  // plain host memory (CUDA 11+)
+  attr->device = -2;
+  return 0;
+}
+
+CudaError cudaLaunchHostFunc(CudaStream stream, CudaHostFn fn, void* user_data) {
+  MockStream* s = stream_of(stream);
+  if (s == nullptr || fn == nullptr) return kInvalidValue;
+  s->enqueue([fn, user_data] { fn(user_data); });
+  return 0;
+}
+
+const char* cudaGetErrorString(CudaError e) {
+  switch (e) {
+    case 0: return "cudaSuccess";
+    case kInvalidValue: return "cudaErrorInvalidValue";
+    case kNoDevice: return "cudaErrorNoDevice";
+    case kInvalidDevice: return "cudaErrorInvalidDevice";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+CudaError cudaStreamCreate(CudaStream* out) {
+  auto* s = new MockStream();
+  auto handle = reinterpret_cast<CudaStream>(s);
+  std::lock_guard<std::mutex> lk(g_mu);
+  streams()[handle] = s;
+  *out = handle;
+  return 0;
+}
+
+CudaError cudaStreamSynchronize(CudaStream stream) {
+  MockStream* s = stream_of(stream);
+  if (s == nullptr) return kInvalidValue;
+  s->synchronize();
+  return 0;
+}
+
+CudaError cudaStreamDestroy(CudaStream stream) {
+  MockStream* s = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = streams().find(stream);
+    if (stream == nullptr || it == streams().end()) return kInvalidValue;
+    s = it->second;
+    streams().erase(it);
+  }
+  delete s;  // runs what is still queued, then joins the worker
+  return 0;
+}
+
+// "Device" memory: host memory the mock reports as cudaMemoryTypeDevice.
+CudaError cudaMalloc(void** p, size_t bytes) {
+  *p = std::malloc(bytes == 0 ? 1 : bytes);
+  if (*p == nullptr) return 2;  // cudaErrorMemoryAllocation
+  std::lock_guard<std::mutex> lk(g_mu);
+  device_ranges()[reinterpret_cast<uintptr_t>(*p)] = bytes == 0 ? 1 : bytes;
+  return 0;
+}
+
+CudaError cudaFree(void* p) {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    device_ranges().erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+  return 0;
+}
+
+// Test-only: after the stream's prior work, sleep delay_ms, then copy
+// `bytes` from src to dst (read when the copy runs, like cudaMemcpyAsync).
+CudaError loom_mock_stream_enqueue_copy(CudaStream stream, void* dst, const void* src, size_t bytes,
+                                        int delay_ms) {
+  MockStream* s = stream_of(stream);
+  if (s == nullptr) return kInvalidValue;
+  s->enqueue([=] {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    std::memcpy(dst, src, bytes);
+  });
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,227 @@
+// The shim with a CUDA runtime present (the mock of tests/gpu/mock, whose
+// streams run their work in order on a thread each): host collectives are
+// ordered on the stream argument (after the stream's prior work, before its
+// later work) without blocking the caller, and device buffers are refused.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "nccl.h"
+
+namespace {
+
+constexpr int kN = 4;
+constexpr int kDelayMs = 150;
+
+// The shim loads the CUDA runtime once, on first use: point it at the mock first.
+const bool kEnv = [] {
+  setenv("LOOM_CUDART_LIBRARY", LOOM_MOCK_CUDART_PATH, 1);
+  setenv("LOOM_MOCK_GPUS", "4:none", 1);
+  return true;
+}();
+
+// The mock's stream API (the same library instance the shim opened).
+struct Mock {
+  void* lib = dlopen(LOOM_MOCK_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
+  template <typename F>
+  F sym(const char* name) {
+    return reinterpret_cast<F>(lib != nullptr ? dlsym(lib, name) : nullptr);
+  }
+  int (*stream_create)(cudaStream_t*) = sym<int (*)(cudaStream_t*)>("cudaStreamCreate");
+  int (*stream_sync)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamSynchronize");
+  int (*stream_destroy)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamDestroy");
+  int (*malloc_dev)(void**, size_t) = sym<int (*)(void**, size_t)>("cudaMalloc");
+  int (*free_dev)(void*) = sym<int (*)(void*)>("cudaFree");
+  int (*enqueue_copy)(cudaStream_t, void*, const void*, size_t, int) =
+      sym<int (*)(cudaStream_t, void*, const void*, size_t, int)>("loom_mock_stream_enqueue_copy");
+};
+
+Mock& mock() {
+  static Mock m;
+  return m;
+}
+
+struct World {
+  ncclComm_t c[kN] = {};
+  cudaStream_t s[kN] = {};
+  World() {
+    EXPECT_TRUE(kEnv);
+    EXPECT_NE(mock().enqueue_copy, nullptr) << dlerror();
+    EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    for (auto& st : s) EXPECT_EQ(mock().stream_create(&st), 0);
+  }
+  ~World() {
+    for (int r = 0; r < kN; ++r) {
+      EXPECT_EQ(mock().stream_sync(s[r]), 0);
+      EXPECT_EQ(mock().stream_destroy(s[r]), 0);
+      if (c[r] == nullptr) continue;  // aborted by the test
+      EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess) << ncclGetLastError(c[r]);
+    }
+  }
+};
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The send buffer holds stale values until a delayed copy on the stream
+// writes the real ones: an op that ran at once would sum the stale values.
+// A copy enqueued after the op snapshots the result when the stream gets there.
+void ordered_allreduce(ncclRedOp_t op_for(World&, int), float scale) {
+  World w;
+  const int n = 1000;
+  std::vector<float> send[kN], staged[kN], recv[kN], after[kN];
+  for (int r = 0; r < kN; ++r) {
+    send[r].assign(n, -1000.0f);
+    staged[r].assign(n, static_cast<float>(r + 1));
+    recv[r].assign(n, 0.0f);
+    after[r].assign(n, 0.0f);
+  }
+  const size_t bytes = n * sizeof(float);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < kN; ++r) {
+    ASSERT_EQ(mock().enqueue_copy(w.s[r], send[r].data(), staged[r].data(), bytes, kDelayMs), 0);
+    ASSERT_EQ(ncclAllReduce(send[r].data(), recv[r].data(), n, ncclFloat32, op_for(w, r), w.c[r], w.s[r]),
+              ncclSuccess)
+        << ncclGetLastError(w.c[r]);
+    ASSERT_EQ(mock().enqueue_copy(w.s[r], after[r].data(), recv[r].data(), bytes, 0), 0);
+  }
+  // NCCL semantics: the calls enqueue and return; they do not wait for the stream.
+  EXPECT_LT(ms_since(t0), kDelayMs * 0.8);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+  EXPECT_GE(ms_since(t0), kDelayMs);
+  const float want = scale * (1 + 2 + 3 + 4);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(recv[r][0], want) << "rank " << r;
+    EXPECT_EQ(recv[r][n - 1], want) << "rank " << r;
+    EXPECT_EQ(after[r][0], want) << "rank " << r << ": later stream work ran before the op finished";
+    EXPECT_EQ(after[r][n - 1], want) << "rank " << r;
+  }
+  ncclResult_t async = ncclInternalError;
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(ncclCommGetAsyncError(w.c[r], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+  }
+}
+
+TEST(NcclStream, AllReduceRunsAfterPriorStreamWorkAndBeforeLaterWork) {
+  ordered_allreduce([](World&, int) { return ncclSum; }, 1.0f);
+}
+
+TEST(NcclStream, PreMulSumScalesTheInputTheStreamWrote) {
+  static ncclRedOp_t ops[kN];
+  ordered_allreduce(
+      [](World& w, int r) {
+        float two = 2.0f;
+        EXPECT_EQ(ncclRedOpCreatePreMulSum(&ops[r], &two, ncclFloat32, ncclScalarHostImmediate, w.c[r]),
+                  ncclSuccess);
+        return ops[r];
+      },
+      2.0f);
+}
+
+TEST(NcclStream, GroupedCallsWaitForEveryStream) {
+  World w;
+  const int n = 64;
+  std::vector<int> send[kN], staged[kN], recv[kN];
+  for (int r = 0; r < kN; ++r) {
+    send[r].assign(n, -1000);
+    staged[r].assign(n, 10 * (r + 1));
+    recv[r].assign(kN * n, 0);
+  }
+  // Different delays per stream: the group's op must wait for the slowest.
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(mock().enqueue_copy(w.s[r], send[r].data(), staged[r].data(), n * sizeof(int), 30 * (r + 1)), 0);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllGather(send[r].data(), recv[r].data(), n, ncclInt32, w.c[r], w.s[r]), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+  for (int r = 0; r < kN; ++r)
+    for (int b = 0; b < kN; ++b) {
+      EXPECT_EQ(recv[r][b * n], 10 * (b + 1)) << "rank " << r << " block " << b;
+      EXPECT_EQ(recv[r][b * n + n - 1], 10 * (b + 1)) << "rank " << r << " block " << b;
+    }
+}
+
+TEST(NcclStream, DeviceBuffersAreRefusedWithAReason) {
+  World w;
+  void* dev = nullptr;
+  ASSERT_EQ(mock().malloc_dev(&dev, 4096), 0);
+  std::vector<float> host(1024, 1.0f);
+  EXPECT_EQ(ncclAllReduce(dev, host.data(), 1024, ncclFloat32, ncclSum, w.c[0], w.s[0]), ncclInvalidArgument);
+  std::string why = ncclGetLastError(w.c[0]);
+  EXPECT_NE(why.find("sendbuff"), std::string::npos) << why;
+  EXPECT_NE(why.find("CUDA device memory"), std::string::npos) << why;
+  EXPECT_NE(why.find("CUDA memory backend"), std::string::npos) << why;
+  EXPECT_EQ(ncclBroadcast(host.data(), dev, 1024, ncclFloat32, 0, w.c[1], w.s[1]), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[1])).find("recvbuff"), std::string::npos);
+  EXPECT_EQ(mock().free_dev(dev), 0);
+  // Plain host memory on the same communicators still works, stream-ordered.
+  std::vector<float> out[kN];
+  for (int r = 0; r < kN; ++r) {
+    out[r].assign(1024, 0.0f);
+    ASSERT_EQ(ncclAllReduce(host.data(), out[r].data(), 1024, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess)
+        << ncclGetLastError(w.c[r]);
+  }
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+  for (int r = 0; r < kN; ++r) EXPECT_EQ(out[r][1023], 4.0f);
+}
+
+// A stream that does not reach the op within the communicator's timeout:
+// the op fails with a timeout naming the stream wait, the communicator
+// reports it, and the stream is released (its later work still runs).
+TEST(NcclStream, StreamThatNeverArrivesTimesOut) {
+  setenv("LOOM_TIMEOUT", "0.5", 1);
+  {
+    World w;
+    unsetenv("LOOM_TIMEOUT");
+    std::vector<float> buf[kN], staged(16, 1.0f), after[kN];
+    for (int r = 0; r < kN; ++r) {
+      buf[r].assign(16, 0.0f);
+      after[r].assign(16, -1.0f);
+      ASSERT_EQ(mock().enqueue_copy(w.s[r], buf[r].data(), staged.data(), 16 * sizeof(float), 1500), 0);
+      ASSERT_EQ(ncclAllReduce(buf[r].data(), buf[r].data(), 16, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
+      ASSERT_EQ(mock().enqueue_copy(w.s[r], after[r].data(), staged.data(), 16 * sizeof(float), 0), 0);
+    }
+    for (int r = 0; r < kN; ++r) ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+    for (int r = 0; r < kN; ++r) {
+      ncclResult_t async = ncclSuccess;
+      EXPECT_EQ(ncclCommGetAsyncError(w.c[r], &async), ncclSuccess);
+      EXPECT_NE(async, ncclSuccess) << "rank " << r;
+      EXPECT_EQ(after[r][0], 1.0f) << "rank " << r << ": the stream was not released";
+    }
+    std::string why;
+    for (int r = 0; r < kN && why.empty(); ++r) {
+      ncclResult_t async = ncclSuccess;
+      (void)ncclCommGetAsyncError(w.c[r], &async);
+      why = ncclGetLastError(w.c[r]);
+    }
+    EXPECT_NE(why.find("CUDA stream"), std::string::npos) << why;
+  }
+  unsetenv("LOOM_TIMEOUT");
+}
+
+// ncclCommAbort while ops wait for their streams returns at once.
+TEST(NcclStream, AbortWhileWaitingForTheStream) {
+  World w;
+  std::vector<float> buf[kN], staged(16, 1.0f);
+  for (int r = 0; r < kN; ++r) {
+    buf[r].assign(16, 0.0f);
+    ASSERT_EQ(mock().enqueue_copy(w.s[r], buf[r].data(), staged.data(), 16 * sizeof(float), 1500), 0);
+    ASSERT_EQ(ncclAllReduce(buf[r].data(), buf[r].data(), 16, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(ncclCommAbort(w.c[r]), ncclSuccess);
+    w.c[r] = nullptr;
+  }
+  EXPECT_LT(ms_since(t0), 1000.0);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(mock().stream_sync(w.s[r]), 0);  // released, not stuck
+}
+
+}  // namespace
