@@ -83,6 +83,12 @@ Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
   const size_t es = dtype_size(c.o.dt);
   Buffers buf = buffers_for(c.bench, c.send, c.recv, s, es, c.comm.rank(), in_place);
   Work last;
+  // -z: every op is waited for at once, so this thread runs it (no engine hand-off).
+  c.comm.set_caller_waits(c.o.blocking);
+  struct Reset {
+    Comm& comm;
+    ~Reset() { comm.set_caller_waits(false); }
+  } reset{c.comm};
   for (int i = 0; i < iters; ++i) {
     if (c.o.agg > 1) c.comm.group_start();
     Status err;

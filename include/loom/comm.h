@@ -138,6 +138,13 @@ class Comm {
   // Fails every queued and running operation with kAborted, tells the peers,
   // and releases transports. Safe from any thread; idempotent.
   void abort(const std::string& reason = "abort() called");
+  // For blocking layers on top of Loom (the NCCL shim's blocking
+  // communicators, benchmarks' blocking mode): the issuing thread promises to
+  // call Work::wait() (no timeout) on every op it issues, at once. The engine
+  // thread is then not woken for them; the waiting thread runs them itself,
+  // which saves two context switches per op. An op that is never waited for
+  // only runs when something else wakes the engine. Issuing thread only.
+  void set_caller_waits(bool on);
   // Revoke (NCCL 2.28's ncclCommRevoke): stops every queued and running
   // operation and tells the peers, like abort(): here they fail with "communicator
   // revoked by rank R", on the peers as soon as they wait on this rank.

@@ -284,6 +284,7 @@ void Comm::group_start() { impl_->group_start(); }
 Result<Work> Comm::group_end() { return impl_->group_end(); }
 void Comm::abort(const std::string& reason) { impl_->abort(reason); }
 void Comm::revoke() { impl_->revoke(); }
+void Comm::set_caller_waits(bool on) { impl_->set_caller_waits(on); }
 bool Comm::revoked() const { return impl_->revoked(); }
 bool Comm::quiescent() const { return impl_->quiescent(); }
 Status Comm::destroy() { return impl_->destroy(); }

@@ -267,6 +267,7 @@ Result<Work> CommImpl::enqueue(Op op) {
     for (auto& g : op.gates) g->finish(Status::ok());
     return w;
   }
+  bool wake = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) {
@@ -274,11 +275,15 @@ Result<Work> CommImpl::enqueue(Op op) {
       for (auto& g : op.gates) g->finish(st);
       return st;
     }
+    wake = !caller_waits_ || !op.gates.empty();
     queue_.push_back(std::move(op));
     unfinished_.fetch_add(1, std::memory_order_release);
     pending_.fetch_add(1, std::memory_order_release);
   }
-  cv_.notify_one();
+  // A caller that waits at once runs the op itself (Work::wait): waking the
+  // engine too would only cost a context switch there and one back (the
+  // engine shares the rank's core when ranks are pinned).
+  if (wake) cv_.notify_one();
   return w;
 }
 

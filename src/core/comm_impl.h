@@ -89,6 +89,7 @@ class CommImpl final : public diag::DiagClient {
   void drop_start_gates(const Status& st);
 
   void abort(const std::string& reason);
+  void set_caller_waits(bool on) { caller_waits_ = on; }
   void revoke();
   bool revoked() const { return revoked_.load(std::memory_order_acquire); }
   bool quiescent() const { return unfinished_.load(std::memory_order_acquire) == 0; }
@@ -155,6 +156,7 @@ class CommImpl final : public diag::DiagClient {
   std::thread engine_;
 
   uint64_t next_seq_ = 0;  // issuing thread only
+  bool caller_waits_ = false;  // issuing thread only: see Comm::set_caller_waits
   std::vector<std::shared_ptr<StartGate>> next_gates_;  // issuing thread only
   int group_depth_ = 0;
   std::vector<SubOp> group_subs_;

@@ -131,7 +131,12 @@ Status submit(ncclComm* comm, PendingOp op) {
   std::vector<PendingOp> one;
   one.push_back(std::move(op));
   Completion done;
-  LOOM_RETURN_IF_ERROR(issue_batch(comm, one, done));
+  // A blocking communicator waits for the op right here (settle): this thread
+  // runs it, the engine need not wake.
+  comm->comm->set_caller_waits(comm->blocking);
+  Status st = issue_batch(comm, one, done);
+  comm->comm->set_caller_waits(false);
+  LOOM_RETURN_IF_ERROR(st);
   return settle(comm, std::move(done));
 }
 
