@@ -7,13 +7,18 @@
 #
 # Measures (rank r runs in namespace r*2/N: 2 ranks = one per "host",
 # 4 ranks = two per "host"; every byte between ranks goes over TCP):
-#   iperf3 -P 1 and -P 2                            raw TCP, GB/s
+#   iperf3 -P 1 and -P 2                            raw TCP, GB/s, one direction
+#   iperf3 -P 1 and -P 2 --bidir                    both directions at once, GB/s per direction
+#                                                    (the mean of the two; sendrecv_perf is
+#                                                    bidirectional too: every rank sends and
+#                                                    receives at the same time)
 #   sendrecv_perf, LOOM_SOCKET_NSOCKS=1 and 2        2 ranks, GB/s (>= 16 MiB)
 #   all_reduce_perf LOOM_TRANSPORT=socket            2 and 4 ranks, busbw
 #   mpi_bench --mca btl tcp,self (Open MPI)          2 and 4 ranks, busbw
 #   gloo_bench (when it can bind a non-loopback address: GLOO_BENCH_ADDR)
 # Targets (issue 3): sendrecv >= 0.9 x iperf3 with the same stream count at
-# >= 16 MiB; allreduce busbw >= 1.5 x Open MPI and >= 2 x Gloo at >= 1 MiB.
+# >= 16 MiB (the unidirectional figure; the bidirectional ratio is printed
+# beside it); allreduce busbw >= 1.5 x Open MPI and >= 2 x Gloo at >= 1 MiB.
 # Needs root (namespaces). Namespaces are named loomperf-<pid>-* and removed
 # on exit; leftovers of a killed run are removed at start.
 set -uo pipefail
@@ -27,7 +32,7 @@ while [ $# -gt 0 ]; do
     --build) BUILD="$(cd "$2" && pwd)"; shift ;;
     --quick) QUICK=1 ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "net_compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -115,6 +120,15 @@ if command -v iperf3 >/dev/null; then
           "$OUT/iperf$P.json" >> "$RAW"
     else echo "net_compare.sh: iperf3 -P $P failed" >&2; fi
     wait $srv 2>/dev/null
+    # Both directions at once, like sendrecv: GB/s per direction (mean).
+    ip netns exec "${NS[1]}" iperf3 -s -1 -p 5201 >> "$LOG" 2>&1 &
+    srv=$!
+    sleep 0.5
+    if ip netns exec "${NS[0]}" iperf3 -c "${ADDR[1]}" -p 5201 -t $IPERF_T -P $P --bidir -J > "$OUT/iperf$P-bidir.json" 2>> "$LOG"; then
+      python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['end']; f=e['sum_received']['bits_per_second']; r=e.get('sum_received_bidir_reverse', {}).get('bits_per_second', 0); print('iperf3,iperf3-bidir-P$P,2,0,%.4f' % ((f + r) / 2 / 8e9))" \
+          "$OUT/iperf$P-bidir.json" >> "$RAW"
+    else echo "net_compare.sh: iperf3 -P $P --bidir failed (iperf3 >= 3.7 needed)" >&2; fi
+    wait $srv 2>/dev/null
   done
 else
   echo "net_compare.sh: iperf3 not installed (scripts/install-deps.sh)" >&2
@@ -171,15 +185,18 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 def mib(s): return f"{int(s) >> 20} MiB" if int(s) >= 1 << 20 else f"{s} B"
 iperf = {r['impl']: float(r['value_GBps']) for r in rows if r['what'] == 'iperf3'}
 print("## Raw TCP vs Loom sendrecv (GB/s, 2 ranks, one per namespace)\n")
-print("| size | streams | iperf3 | Loom sendrecv | ratio (target >= 0.90) |")
-print("|---|---|---|---|---|")
+print("sendrecv moves data both ways at once (each rank sends and receives); its figure is per direction.")
+print("iperf3 uni = one direction only; iperf3 bidir = --bidir, per direction (mean of the two).\n")
+print("| size | streams | iperf3 uni | iperf3 bidir | Loom sendrecv | / uni (target >= 0.90) | / bidir |")
+print("|---|---|---|---|---|---|---|")
+f2 = lambda x: f"{x:.2f}" if x else "n/a"
 for r in rows:
     if r['what'] != 'sendrecv': continue
     s = r['impl'][-1]
-    ref = iperf.get(f"iperf3-P{s}")
+    uni, bi = iperf.get(f"iperf3-P{s}"), iperf.get(f"iperf3-bidir-P{s}")
     v = float(r['value_GBps'])
-    print(f"| {mib(r['size'])} | {s} | {ref if ref else 'n/a'} | {v:.2f} | {v / ref:.2f} |" if ref else
-          f"| {mib(r['size'])} | {s} | n/a | {v:.2f} | n/a |")
+    print(f"| {mib(r['size'])} | {s} | {f2(uni)} | {f2(bi)} | {v:.2f} | {f2(v / uni if uni else None)} | "
+          f"{f2(v / bi if bi else None)} |")
 ar = collections.defaultdict(dict)
 for r in rows:
     if r['what'] == 'allreduce':

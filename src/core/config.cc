@@ -53,6 +53,9 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SOCKET_SOCKBUF", "bytes", "0",
        "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (which grows beyond what a fixed "
        "value below net.core.wmem_max can reach)."},
+      {"LOOM_SOCKET_DIRECT_BYTES", "bytes", "1M",
+       "Messages at least this large skip the staging rings: progress threads send() from the source buffer and "
+       "recv() into the destination (plain receives; reductions still read the ring). 0 = always stage."},
       // Diagnostics (src/diag, accessors in diag/params.h).
       {"LOOM_TRACE_BUFFER_SIZE", "int", "1024",
        "Flight recorder: operations kept per communicator (ring buffer shown by live queries and dumps); 0 = off."},
@@ -155,6 +158,7 @@ int socket_nthreads() { return static_cast<int>(env_int("LOOM_SOCKET_NTHREADS", 
 uint64_t socket_slice_bytes() { return env_bytes("LOOM_SOCKET_SLICE_BYTES", 64ull << 10); }
 uint64_t socket_buf_bytes() { return env_bytes("LOOM_SOCKET_BUF_BYTES", 4ull << 20); }
 uint64_t socket_sockbuf() { return env_bytes("LOOM_SOCKET_SOCKBUF", 0); }
+uint64_t socket_direct_bytes() { return env_bytes("LOOM_SOCKET_DIRECT_BYTES", 1ull << 20); }
 bool tune_calibrate() { return env_bool("LOOM_TUNE_CALIBRATE", false); }
 }  // namespace params
 

@@ -47,6 +47,7 @@ int socket_nthreads();       // LOOM_SOCKET_NTHREADS
 uint64_t socket_slice_bytes();  // LOOM_SOCKET_SLICE_BYTES
 uint64_t socket_buf_bytes();    // LOOM_SOCKET_BUF_BYTES
 uint64_t socket_sockbuf();      // LOOM_SOCKET_SOCKBUF
+uint64_t socket_direct_bytes();  // LOOM_SOCKET_DIRECT_BYTES
 bool tune_calibrate();          // LOOM_TUNE_CALIBRATE
 }  // namespace params
 

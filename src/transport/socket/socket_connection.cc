@@ -1,6 +1,7 @@
 #include "transport/socket/socket_connection.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -28,13 +29,19 @@ constexpr size_t kPumpBudget = 4u << 20;
 
 }  // namespace
 
-SocketConnection::SocketConnection(std::vector<Fd> streams, size_t ring_bytes, size_t slice_bytes, std::string label)
+SocketConnection::SocketConnection(std::vector<Fd> streams, size_t ring_bytes, size_t slice_bytes, std::string label,
+                                   size_t direct_bytes)
     : streams_(streams.size()),
       cap_(round8(ring_bytes)),
       slice_(round8(slice_bytes)),
       label_(std::move(label)),
       out_(new std::byte[cap_]),
-      in_(new std::byte[cap_]) {
+      in_(new std::byte[cap_]),
+      direct_min_(direct_bytes == 0 ? 0 : std::max<size_t>(direct_bytes, 8)) {
+  // Touch every page now: otherwise the first pass through each ring takes a
+  // page fault per 4 KiB in the middle of the first large operations.
+  std::memset(out_.get(), 0, cap_);
+  std::memset(in_.get(), 0, cap_);
   for (size_t s = 0; s < streams.size(); ++s) {
     streams_[s].fd = std::move(streams[s]);
     // Stream s starts with slice s of the byte stream.
@@ -66,6 +73,24 @@ uint64_t SocketConnection::min_recv_pos() const {
 // ---- executor side ---------------------------------------------------------
 
 size_t SocketConnection::send_some(const std::byte* src, size_t msg_remaining) {
+  if (swin_active_) return send_window_progress();
+  if (direct_min_ && msg_remaining >= direct_min_ && !fenced_.load(std::memory_order_relaxed)) {
+    // Large message: the progress threads send straight from `src`. The
+    // window covers the whole 8-byte multiples; a short tail and the padding
+    // follow through the ring once the window is done. The window is
+    // published before out_tail_ moves past it, so a thread that sees the new
+    // tail sees the window.
+    swin_ptr_ = const_cast<std::byte*>(src);
+    swin_base_ = tail_;
+    swin_end_ = tail_ + (msg_remaining & ~uint64_t{7});
+    swin_done_ = 0;
+    swin_active_ = true;
+    post_window(swin_, swin_ptr_, swin_base_, swin_end_);
+    tail_ = swin_end_;
+    out_tail_.store(tail_, std::memory_order_seq_cst);
+    poke_();
+    return send_window_progress();
+  }
   const uint64_t head = out_head_.load(std::memory_order_acquire);
   const size_t free = cap_ - static_cast<size_t>(tail_ - head);
   const size_t pos = static_cast<size_t>(tail_ % cap_);
@@ -87,6 +112,7 @@ size_t SocketConnection::send_some(const std::byte* src, size_t msg_remaining) {
 }
 
 std::span<const std::byte> SocketConnection::recv_peek(size_t msg_remaining) {
+  if (rwin_active_) return {};  // recv_into owns the current message
   uint64_t tail = in_tail_.load(std::memory_order_acquire);
   if (skip_ > 0) {
     // The previous message's padding: drop it as it arrives. head_ must never
@@ -116,6 +142,121 @@ void SocketConnection::recv_consume(size_t n, size_t msg_remaining) {
   poke_();  // a stream may be waiting for ring space
 }
 
+size_t SocketConnection::recv_into(std::byte* dst, size_t msg_remaining) {
+  if (rwin_active_) return recv_window_progress(dst);
+  if (direct_min_ == 0 || msg_remaining < direct_min_ || fenced_.load(std::memory_order_relaxed))
+    return Connection::recv_into(dst, msg_remaining);
+  if (skip_ > 0) {
+    (void)recv_peek(msg_remaining);  // drops the previous message's padding as far as it arrived
+    if (skip_ > 0) return 0;
+  }
+  // Large message: the progress threads receive straight into `dst` from
+  // the moment they see the window; recv_window_progress copies what they
+  // put into the ring before.
+  rwin_ptr_ = dst;
+  rwin_base_ = head_;
+  rwin_end_ = head_ + (msg_remaining & ~uint64_t{7});
+  rwin_done_ = 0;
+  rwin_copied_ = false;
+  rwin_active_ = true;
+  rwin_seq_ = post_window(rwin_, dst, rwin_base_, rwin_end_);
+  poke_();  // sleeping threads must acknowledge the window
+  return recv_window_progress(dst);
+}
+
+size_t SocketConnection::send_window_progress() {
+  const uint64_t head = std::min(out_head_.load(std::memory_order_acquire), swin_end_);
+  uint64_t sent = head > swin_base_ ? head - swin_base_ : 0;
+  if (swin_base_ + sent < swin_end_) sent &= ~uint64_t{7};
+  const size_t k = static_cast<size_t>(sent - swin_done_);
+  swin_done_ = sent;
+  // Every byte of the window is in the kernel: the user may reuse the buffer.
+  if (swin_base_ + sent == swin_end_) swin_active_ = false;
+  return k;
+}
+
+size_t SocketConnection::recv_window_progress(std::byte* /*dst*/) {
+  if (!rwin_copied_) {
+    for (const auto& st : streams_)
+      if (st.adopted.load(std::memory_order_acquire) != rwin_seq_) return 0;
+    // Each stream put its bytes below adopt_pos into the ring (they were
+    // received before the thread saw the window): copy this message's share.
+    const uint64_t n = streams_.size();
+    for (uint64_t s = 0; s < n; ++s) {
+      const uint64_t upto = std::clamp(streams_[s].adopt_pos.load(std::memory_order_acquire), rwin_base_, rwin_end_);
+      for (uint64_t p = rwin_base_; p < upto;) {
+        const uint64_t slice = p / slice_;
+        const uint64_t slice_end = (slice + 1) * slice_;
+        if (slice % n != s) {
+          p = slice_end;
+          continue;
+        }
+        const uint64_t e = std::min(upto, slice_end);
+        while (p < e) {
+          const size_t off = static_cast<size_t>(p % cap_);
+          const size_t len = std::min<size_t>(static_cast<size_t>(e - p), cap_ - off);
+          std::memcpy(rwin_ptr_ + (p - rwin_base_), in_.get() + off, len);
+          p += len;
+        }
+      }
+    }
+    rwin_copied_ = true;
+  }
+  const uint64_t tail = std::min(in_tail_.load(std::memory_order_acquire), rwin_end_);
+  uint64_t got = tail > rwin_base_ ? tail - rwin_base_ : 0;
+  if (rwin_base_ + got < rwin_end_) got &= ~uint64_t{7};
+  const size_t k = static_cast<size_t>(got - rwin_done_);
+  rwin_done_ = got;
+  if (rwin_base_ + got == rwin_end_) {
+    rwin_active_ = false;
+    head_ = rwin_end_;
+    in_head_.store(head_, std::memory_order_seq_cst);
+    poke_();  // streams past the window may wait for ring space
+  }
+  return k;
+}
+
+// ---- windows ---------------------------------------------------------------
+
+uint32_t SocketConnection::post_window(Window& w, std::byte* ptr, uint64_t base, uint64_t end) {
+  const uint32_t s = w.seq.load(std::memory_order_relaxed);
+  w.seq.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  w.ptr.store(ptr, std::memory_order_relaxed);
+  w.base.store(base, std::memory_order_relaxed);
+  w.end.store(end, std::memory_order_relaxed);
+  w.seq.store(s + 2, std::memory_order_release);
+  return s + 2;
+}
+
+SocketConnection::WinView SocketConnection::load_window(const Window& w) {
+  WinView v;
+  for (;;) {
+    v.seq = w.seq.load(std::memory_order_acquire);
+    if (v.seq & 1) continue;  // the executor is writing it (a few stores)
+    v.ptr = w.ptr.load(std::memory_order_relaxed);
+    v.base = w.base.load(std::memory_order_relaxed);
+    v.end = w.end.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (w.seq.load(std::memory_order_relaxed) == v.seq) return v;
+  }
+}
+
+bool SocketConnection::direct_enter() {
+  // Pairs with fence(): either fence sees us busy and waits, or we see it.
+  direct_busy_.fetch_add(1, std::memory_order_seq_cst);
+  if (fenced_.load(std::memory_order_seq_cst)) {
+    direct_leave();
+    return false;
+  }
+  return true;
+}
+
+void SocketConnection::fence() {
+  fenced_.store(true, std::memory_order_seq_cst);
+  while (direct_busy_.load(std::memory_order_seq_cst) != 0) sched_yield();
+}
+
 // ---- progress side ---------------------------------------------------------
 
 bool SocketConnection::pump_send(int s, short* want_poll) {
@@ -128,11 +269,29 @@ bool SocketConnection::pump_send(int s, short* want_poll) {
   while (budget > 0) {
     const uint64_t tail = out_tail_.load(std::memory_order_seq_cst);
     if (pos >= tail) break;
+    // After the tail: a window below the tail is visible (posted first).
+    const WinView w = load_window(swin_);
     const uint64_t slice_end = (pos / slice_ + 1) * slice_;
-    const uint64_t end = std::min(tail, slice_end);
-    const size_t off = static_cast<size_t>(pos % cap_);
-    const size_t len = std::min<size_t>({static_cast<size_t>(end - pos), cap_ - off, budget});
-    ssize_t n = ::send(st.fd.get(), out_.get() + off, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    uint64_t end = std::min(tail, slice_end);
+    const bool direct = w.holds(pos);
+    const std::byte* src;
+    if (direct) {
+      end = std::min(end, w.end);
+      src = w.ptr + (pos - w.base);
+    } else {
+      if (pos < w.base) end = std::min(end, w.base);
+      const size_t off = static_cast<size_t>(pos % cap_);
+      end = std::min<uint64_t>(end, pos + (cap_ - off));
+      src = out_.get() + off;
+    }
+    const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
+    if (direct && !direct_enter()) break;  // fenced: the user's buffer is no longer ours
+    ssize_t n = ::send(st.fd.get(), src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const int err = errno;
+    if (direct) {
+      direct_leave();
+      if (n > 0) direct_sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    }
     if (n > 0) {
       pos += static_cast<uint64_t>(n);
       budget -= static_cast<size_t>(n);
@@ -141,12 +300,12 @@ bool SocketConnection::pump_send(int s, short* want_poll) {
       moved = true;
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
       *want_poll = POLLOUT;
       break;
     }
-    set_error(fmt::format("sending to {} failed on stream {}: {}", label_, s, std::strerror(errno)));
+    set_error(fmt::format("sending to {} failed on stream {}: {}", label_, s, std::strerror(err)));
     return true;
   }
   if (moved) store_max(out_head_, min_send_pos());
@@ -161,13 +320,38 @@ bool SocketConnection::pump_recv(int s, short* want_poll) {
   bool moved = false;
   size_t budget = kPumpBudget;
   while (budget > 0) {
-    const uint64_t limit = in_head_.load(std::memory_order_seq_cst) + cap_;
-    if (pos >= limit) break;  // ring full: recv_consume will poke us
+    const WinView w = load_window(rwin_);
+    if (w.seq != st.adopted.load(std::memory_order_relaxed)) {
+      // First look at a new window: what this stream received so far went
+      // to the ring, from here on window bytes go to the user's buffer.
+      st.adopt_pos.store(pos, std::memory_order_relaxed);
+      st.adopted.store(w.seq, std::memory_order_release);
+      moved = true;  // wake the executor: it waits for the acknowledgements
+    }
     const uint64_t slice_end = (pos / slice_ + 1) * slice_;
-    const uint64_t end = std::min(limit, slice_end);
-    const size_t off = static_cast<size_t>(pos % cap_);
-    const size_t len = std::min<size_t>({static_cast<size_t>(end - pos), cap_ - off, budget});
-    ssize_t n = ::recv(st.fd.get(), in_.get() + off, len, MSG_DONTWAIT);
+    const bool direct = w.holds(pos);
+    uint64_t end = slice_end;
+    std::byte* dst;
+    if (direct) {
+      end = std::min(end, w.end);
+      dst = w.ptr + (pos - w.base);
+    } else {
+      const uint64_t limit = in_head_.load(std::memory_order_seq_cst) + cap_;
+      if (pos >= limit) break;  // ring full: recv_consume will poke us
+      end = std::min(end, limit);
+      if (pos < w.base) end = std::min(end, w.base);
+      const size_t off = static_cast<size_t>(pos % cap_);
+      end = std::min<uint64_t>(end, pos + (cap_ - off));
+      dst = in_.get() + off;
+    }
+    const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
+    if (direct && !direct_enter()) break;  // fenced: the user's buffer is no longer ours
+    ssize_t n = ::recv(st.fd.get(), dst, len, MSG_DONTWAIT);
+    const int err = errno;
+    if (direct) {
+      direct_leave();
+      if (n > 0) direct_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    }
     if (n > 0) {
       pos += static_cast<uint64_t>(n);
       budget -= static_cast<size_t>(n);
@@ -182,12 +366,12 @@ bool SocketConnection::pump_recv(int s, short* want_poll) {
       moved = true;  // wake the executor so it looks at the peer
       break;
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) {
       *want_poll = POLLIN;
       break;
     }
-    set_error(fmt::format("receiving from {} failed on stream {}: {}", label_, s, std::strerror(errno)));
+    set_error(fmt::format("receiving from {} failed on stream {}: {}", label_, s, std::strerror(err)));
     return true;
   }
   if (moved) store_max(in_tail_, min_recv_pos());
@@ -222,6 +406,11 @@ Status SocketConnection::check() const {
       lagging = s;
     }
   }
+  // Bytes received but not yet consumed: the executor takes them first (a
+  // peer may send its last message and close at once; regression: that was
+  // reported as a dead peer while the message sat complete in the ring).
+  const uint64_t consumed = rwin_active_ ? rwin_base_ + rwin_done_ : head_;
+  if (in_tail_.load(std::memory_order_acquire) > consumed) return Status::ok();
   // The stream that carries the next bytes we need has ended: they can never come.
   if (all_eof || streams_[lagging].eof.load(std::memory_order_acquire))
     return remote_error(label_ + " closed the connection (the process exited, was killed, or destroyed its "

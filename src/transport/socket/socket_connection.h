@@ -9,9 +9,17 @@
 // shared cursor (bytes sent, bytes received) is the minimum over streams, so
 // the stream that lags decides what is freed or delivered.
 //
-// Threads: the executor thread calls send_some / recv_peek / recv_consume;
-// progress threads call pump_send / pump_recv for the streams they own (one
-// thread per stream); check() runs on the executor thread.
+// Large messages (>= direct_bytes) skip the rings: the executor posts a
+// window (user pointer + stream offsets) and the progress threads send() from
+// the source / recv() into the destination; send_some / recv_into report the
+// window's bytes only once the kernel took / delivered them. Receive windows
+// need each stream's acknowledgement: bytes a stream put into the ring before
+// it saw the window are copied out by the executor.
+//
+// Threads: the executor thread calls send_some / recv_peek / recv_consume /
+// recv_into; progress threads call pump_send / pump_recv for the streams they
+// own (one thread per stream); check() runs on the executor thread, fence()
+// on the thread that announces a failure.
 #pragma once
 
 #include <atomic>
@@ -29,7 +37,9 @@ namespace loom {
 class SocketConnection final : public Connection {
  public:
   // `label` names the peer in errors ("rank 3 on host b (10.0.0.2:41000)").
-  SocketConnection(std::vector<Fd> streams, size_t ring_bytes, size_t slice_bytes, std::string label);
+  // `direct_bytes`: messages at least this large bypass the rings (0 = never).
+  SocketConnection(std::vector<Fd> streams, size_t ring_bytes, size_t slice_bytes, std::string label,
+                   size_t direct_bytes = 0);
   // `poke` wakes the progress threads when the executor adds data to send or
   // frees incoming space. Set once, before the connection is used.
   void set_poke(std::function<void()> poke) { poke_ = std::move(poke); }
@@ -39,6 +49,7 @@ class SocketConnection final : public Connection {
   size_t send_some(const std::byte* src, size_t msg_remaining) override;
   std::span<const std::byte> recv_peek(size_t msg_remaining) override;
   void recv_consume(size_t n, size_t msg_remaining) override;
+  size_t recv_into(std::byte* dst, size_t msg_remaining) override;
 
   // Progress (the thread that owns stream s). Each returns true when bytes
   // moved; *want_poll receives POLLIN / POLLOUT when the stream waits on the
@@ -59,6 +70,14 @@ class SocketConnection final : public Connection {
   bool flushed() const;
   // Records a failure seen elsewhere (the control stream).
   void fail(const std::string& why);
+  // The communicator failed: its op returns an error and the user may free
+  // the buffers of a posted window. Stops all direct I/O and waits until no
+  // progress thread is inside a send()/recv() on a user buffer.
+  void fence();
+
+  // Bytes that went straight between user buffers and sockets (tests).
+  uint64_t direct_sent() const { return direct_sent_.load(std::memory_order_relaxed); }
+  uint64_t direct_received() const { return direct_received_.load(std::memory_order_relaxed); }
 
  private:
   struct Stream {
@@ -66,7 +85,33 @@ class SocketConnection final : public Connection {
     std::atomic<uint64_t> send_pos{0};  // next stream offset to send on this stream
     std::atomic<uint64_t> recv_pos{0};  // next stream offset to receive on this stream
     std::atomic<bool> eof{false};       // the peer closed its side
+    // Receive window seen by this stream's thread, and its recv_pos then
+    // (what lies below went to the ring).
+    std::atomic<uint32_t> adopted{0};
+    std::atomic<uint64_t> adopt_pos{0};
   };
+  // A user buffer that stands for stream offsets [base, end). Written by
+  // the executor under a sequence lock (odd while being written), read by
+  // the progress threads.
+  struct Window {
+    std::atomic<uint32_t> seq{0};
+    std::atomic<std::byte*> ptr{nullptr};
+    std::atomic<uint64_t> base{0};
+    std::atomic<uint64_t> end{0};
+  };
+  struct WinView {
+    uint32_t seq = 0;
+    std::byte* ptr = nullptr;
+    uint64_t base = 0, end = 0;
+    bool holds(uint64_t pos) const { return pos >= base && pos < end; }
+  };
+  static WinView load_window(const Window& w);
+  static uint32_t post_window(Window& w, std::byte* ptr, uint64_t base, uint64_t end);
+  // A send()/recv() on a user buffer; false (nothing done) once fenced.
+  bool direct_enter();
+  void direct_leave() { direct_busy_.fetch_sub(1, std::memory_order_release); }
+  size_t send_window_progress();
+  size_t recv_window_progress(std::byte* dst);
   uint64_t next_slice(uint64_t pos, int s) const;
   void set_error(const std::string& why);
   uint64_t min_send_pos() const;
@@ -87,6 +132,19 @@ class SocketConnection final : public Connection {
   uint64_t tail_ = 0;      // executor's copy of out_tail_
   uint64_t head_ = 0;      // executor's copy of in_head_
   uint64_t skip_ = 0;      // padding of a finished message not yet received
+
+  const size_t direct_min_;
+  Window swin_, rwin_;
+  // Executor's view of its posted windows.
+  bool swin_active_ = false, rwin_active_ = false, rwin_copied_ = false;
+  std::byte* swin_ptr_ = nullptr;
+  std::byte* rwin_ptr_ = nullptr;
+  uint64_t swin_base_ = 0, swin_end_ = 0, swin_done_ = 0;
+  uint64_t rwin_base_ = 0, rwin_end_ = 0, rwin_done_ = 0;
+  uint32_t rwin_seq_ = 0;
+  std::atomic<bool> fenced_{false};
+  std::atomic<int> direct_busy_{0};
+  std::atomic<uint64_t> direct_sent_{0}, direct_received_{0};
 
   std::atomic<bool> failed_{false};
   mutable std::mutex err_mu_;

@@ -113,6 +113,7 @@ SocketTransport::Options SocketTransport::Options::from_env() {
   o.slice_bytes = std::max<uint64_t>(4096, params::socket_slice_bytes());
   o.ring_bytes = params::socket_buf_bytes();
   o.sockbuf = params::socket_sockbuf();
+  o.direct_bytes = params::socket_direct_bytes();
   return o;
 }
 
@@ -280,7 +281,8 @@ Status SocketTransport::setup(Bootstrap& boot, const std::vector<bool>& use, Dea
     set_nonblocking(ctrl[p].get(), true);
     set_nodelay(ctrl[p].get());
     peer->ctrl = std::move(ctrl[p]);
-    peer->conn = std::make_unique<SocketConnection>(std::move(data[p]), opt_.ring_bytes, slice[p], peer->label);
+    peer->conn =
+        std::make_unique<SocketConnection>(std::move(data[p]), opt_.ring_bytes, slice[p], peer->label, opt_.direct_bytes);
     conns_[p] = peer->conn.get();
     peers_[p] = std::move(peer);
   }
@@ -399,7 +401,18 @@ void SocketTransport::worker_main(Worker& w) {
       if (!p->ctrl_closed) pf.push_back({p->ctrl.get(), POLLIN, 0});
     int rc = poll(pf.data(), pf.size(), 100);
     w.sleeping.store(0, std::memory_order_relaxed);
-    if (rc <= 0) continue;
+    if (rc == 0) {
+      // Nothing woke us for 100 ms. If bytes move now, a wake-up was lost:
+      // the executor or the kernel had work for us and we slept through it.
+      if (pump(w, wants)) {
+        missed_wakeups_.fetch_add(1, std::memory_order_relaxed);
+        LOOM_INFO(kLogNet, "rank {}: a progress thread found work after a full poll timeout", rank_);
+        notify();
+        idle = 0;
+      }
+      continue;
+    }
+    if (rc < 0) continue;
     if (pf[0].revents) {
       uint64_t v;
       (void)!read(w.efd.get(), &v, sizeof(v));
@@ -482,6 +495,10 @@ void SocketTransport::announce_abort(const std::string& reason) {
   std::lock_guard<std::mutex> lk(abort_mu_);
   if (announced_) return;
   announced_ = true;
+  // The failed op returns after this: its buffers go back to the user, so no
+  // progress thread may touch them any more.
+  for (auto* c : conns_)
+    if (c) c->fence();
   std::string msg(sizeof(CtrlHeader), '\0');
   CtrlHeader h{kCtrlMagic, static_cast<uint32_t>(std::min(reason.size(), kMaxReason))};
   std::memcpy(msg.data(), &h, sizeof(h));

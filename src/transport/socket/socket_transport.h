@@ -40,6 +40,7 @@ class SocketTransport final : public Transport {
     size_t slice_bytes = 64 << 10;
     size_t ring_bytes = 4 << 20;
     size_t sockbuf = 0;                                // 0: kernel autotuning
+    size_t direct_bytes = 1 << 20;                     // messages this large bypass the rings; 0 = never
     std::function<void()> notify;                      // extra doorbell to ring on progress
     std::function<void(const SockAddr&)> on_listen;    // tests: learn the listen address
     const std::atomic<bool>* abort = nullptr;
@@ -61,6 +62,9 @@ class SocketTransport final : public Transport {
   void wake_self() override;
 
   bool reaches(int peer) const { return peer >= 0 && peer < nranks_ && conns_[peer] != nullptr; }
+  // Times a progress thread slept a whole poll timeout although work was
+  // waiting (a lost wake-up; tests expect 0).
+  uint64_t missed_wakeups() const { return missed_wakeups_.load(std::memory_order_relaxed); }
 
   struct Worker;  // a progress thread (socket_transport.cc)
   struct Peer;    // connection + control stream of one remote rank
@@ -82,6 +86,7 @@ class SocketTransport final : public Transport {
   std::atomic<bool> stop_{false};
   alignas(64) std::atomic<uint32_t> bell_{0};
   alignas(64) std::atomic<uint32_t> waiters_{0};
+  std::atomic<uint64_t> missed_wakeups_{0};
   std::mutex abort_mu_;
   bool announced_ = false;
 };
