@@ -19,6 +19,13 @@ export HWLOC_COMPONENTS=-pci
 # The big-count matrices take hours under sanitizers on 2 cores; they run in
 # the default suite. LOOM_SANITIZE_EXCLUDE adds more.
 exclude="${LOOM_SANITIZE_EXCLUDE:-matrix_threads|harness_golden}"
+# TSan cannot run threads in a child forked from a multi-threaded process
+# ("starting new threads after multi-threaded fork is not supported"): the
+# tests whose ranks are fork()ed children (tests/common run_processes) are
+# left to the ASan run; tests that fork+exec (launchers, doctor) still run.
+if [ "$kind" = thread ]; then
+  exclude="$exclude|multiproc/test_(kill|matrix_procs|shrink|socket_faults|socket_matrix|socket_direct)|netns/"
+fi
 ctest --output-on-failure --timeout 3000 -E "${exclude}|mpi_launch"
 # Open MPI's own components (dlopen'd MCA plugins) leak at MPI_Finalize, which
 # LeakSanitizer cannot attribute; the mpirun test runs with leak checks off and

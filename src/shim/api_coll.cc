@@ -153,9 +153,16 @@ const void* reduction_input(const void* send, size_t n, DataType dt,
                             const std::optional<PreMulOp>& pm, Completion& done, StreamOp* so) {
   if (!pm) return send;
   std::byte* t = done.temp(n * dtype_size(dt));
-  const void* scalar = pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer;
-  if (so != nullptr) so->before.push_back([=] { scale(t, send, n, dt, scalar); });
-  else scale(t, send, n, dt, scalar);
+  if (so != nullptr) {
+    // Runs later, on the stream's thread: it keeps its own copy of the
+    // operator (an immediate scalar lives inside it), not a pointer into the
+    // call's state, which is gone by then (regression: TSan heap-use-after-free).
+    so->before.push_back([=, op = *pm] {
+      scale(t, send, n, dt, op.immediate ? static_cast<const void*>(op.value) : op.pointer);
+    });
+    return t;
+  }
+  scale(t, send, n, dt, pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer);
   return t;
 }
 
