@@ -14,16 +14,23 @@
 #   -f F       size factor (default 4)        -n N     iterations per size (default 10)
 #   -w N       warm-up iterations (default 2)
 #   -a LIST    algorithms (default: every one registered for COLL)
+#   -R N       rounds (default 1): every algorithm runs N times, interleaved
+#              (round 1 of all, round 2 of all, ...); each size keeps its
+#              fastest round, so a load burst during one run does not decide
+#   -x ARGS    extra arguments for the *_perf runs, e.g. -x "-z 1": blocking,
+#              one op at a time: the model predicts one op's latency, while
+#              back-to-back rooted ops (broadcast, reduce) overlap each other
 #   -o DIR     output directory (default: algo-sweep-out)
 # Example (quick, small scale): perf-tests/algo_sweep.sh -r 2,4 -e 4M -n 5
 set -euo pipefail
 
-BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out
-while getopts "B:c:r:b:e:f:n:w:a:o:h" opt; do
+BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out ROUNDS=1 EXTRA=""
+while getopts "B:c:r:b:e:f:n:w:a:o:R:x:h" opt; do
   case $opt in
     B) BUILD=$OPTARG ;; c) COLL=$OPTARG ;; r) RANKS=$OPTARG ;; b) MINB=$OPTARG ;; e) MAXB=$OPTARG ;;
     f) FACTOR=$OPTARG ;; n) ITERS=$OPTARG ;; w) WARM=$OPTARG ;; a) ALGOS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,17p' "$0"; exit 2 ;;
+    R) ROUNDS=$OPTARG ;; x) EXTRA=$OPTARG ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
   esac
 done
 
@@ -42,15 +49,19 @@ PERF=$BUILD/bin/$BIN
 [[ -x $LOOMRUN && -x $PERF ]] || { echo "build $LOOMRUN and $PERF first" >&2; exit 2; }
 mkdir -p "$OUT"
 
-# One run: $1 = ranks, $2 = algorithm or "auto". Leaves $OUT/<coll>_n<r>_<algo>.{csv,log}.
+# One run: $1 = ranks, $2 = algorithm or "auto", $3 = round. Leaves
+# $OUT/<coll>_n<r>_<algo>[_r<round>].{csv,log} (round 1 has no suffix).
 run_one() {
   local n=$1 algo=$2 base="$OUT/${COLL}_n$1_$2"
+  [[ ${3:-1} -gt 1 ]] && base+="_r$3"
   local env=(LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNE)
   [[ $algo != auto ]] && env+=("LOOM_ALGO=$COLL:$algo")
   echo "== $COLL n=$n $algo" >&2
   # -c 0: no verification in the timed runs (the tests check correctness).
+  local extra=()
+  [[ -n $EXTRA ]] && read -r -a extra <<< "$EXTRA"
   if ! env "${env[@]}" "$LOOMRUN" -n "$n" "$PERF" -b "$MINB" -e "$MAXB" -f "$FACTOR" -c 0 -n "$ITERS" -w "$WARM" \
-      --csv="$base.csv" > "$base.out" 2> "$base.log"; then
+      "${extra[@]}" --csv="$base.csv" > "$base.out" 2> "$base.log"; then
     echo "   failed: see $base.log" >&2
   fi
 }
@@ -58,7 +69,10 @@ run_one() {
 IFS=, read -r -a rank_list <<< "$RANKS"
 IFS=, read -r -a algo_list <<< "$ALGOS"
 for n in "${rank_list[@]}"; do
-  for a in "${algo_list[@]}" auto; do run_one "$n" "$a"; done
+  run_one "$n" auto 1  # the automatic choice and the model's predictions
+  for ((round = 1; round <= ROUNDS; round++)); do
+    for a in "${algo_list[@]}"; do run_one "$n" "$a" "$round"; done
+  done
 done
 
 # Analysis: predicted vs measured per algorithm, and the automatic choice.
@@ -74,10 +88,14 @@ coll_log = coll
 def load(n, algo):
     base = os.path.join(out, f"{coll}_n{n}_{algo}")
     meas, pred = {}, {}
-    if os.path.exists(base + ".csv"):
-        for row in csv.DictReader(open(base + ".csv")):
+    # Every round (base.csv, base_r2.csv, ...): the fastest one per size.
+    rounds = [base + ".csv"] + [f"{base}_r{k}.csv" for k in range(2, 1000) if os.path.exists(f"{base}_r{k}.csv")]
+    for path in rounds:
+        if not os.path.exists(path): continue
+        for row in csv.DictReader(open(path)):
             t = float(row["oop_time_us"])
-            if t > 0: meas[int(row["size"])] = t
+            s = int(row["size"])
+            if t > 0 and (s not in meas or t < meas[s]): meas[s] = t
     for ext in (".out", ".log"):
         if not os.path.exists(base + ext): continue
         for line in open(base + ext, errors="replace"):

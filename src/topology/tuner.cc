@@ -15,6 +15,10 @@ namespace {
 
 constexpr double kGpuReduceGBps = 1000.0;  // HBM-bound elementwise reduction
 constexpr double kCpuReduceGBps = 8.0;     // one core, SIMD, from memory
+// One core, SIMD, operands in L2 (mem_bench reduce2 float sum, 64 KiB - 1 MiB:
+// 29-41 GB/s on the 2-core reference VM); calls up to kCpuCacheBytes.
+constexpr double kCpuReduceCachedGBps = 30.0;
+constexpr size_t kCpuCacheBytes = size_t{1} << 20;
 constexpr double kGpuChannelGBps = 25.0;   // what one GPU channel (a few SMs) drives
 constexpr double kCpuChannelGBps = kHostMemBw;
 constexpr double kUnknownNetGBps = 1.0;    // no NIC known: assume 10 GbE-class
@@ -113,11 +117,18 @@ CommCost Tuner::derive_cost(int nranks) const {
   }
   const bool gpu = !rt.ranks.empty() && rt.ranks[0].device >= 0;
   c.gamma_us_per_byte = 1.0 / ((gpu ? kGpuReduceGBps : kCpuReduceGBps) * 1e3);
+  if (!gpu) {
+    c.gamma_cached_us_per_byte = 1.0 / (kCpuReduceCachedGBps * 1e3);
+    c.cache_bytes = kCpuCacheBytes;
+  }
   double ring_bw = c.ring.beta_us_per_byte > 0 ? 1.0 / (c.ring.beta_us_per_byte * 1e3) : kHostMemBw;
   c.channel_fraction = std::min(1.0, (gpu ? kGpuChannelGBps : kCpuChannelGBps) / ring_bw);
   c.max_channels = gpu ? 32 : 4;
   // Many messages through one NIC overlap less than through memory.
-  c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.2;
+  // Shared memory: each extra concurrent message costs the receiver about 0.4
+  // alpha of its own (fingerprint, copy set-up, doorbell); fitted on 4 and 8
+  // ranks, where direct one-shot only ties recursive doubling at 4 ranks.
+  c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.4;
   c.nhosts = std::max(rt.nhosts, 1);
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {
@@ -137,7 +148,12 @@ CommCost Tuner::derive_cost(int nranks) const {
     scale(c.intra);
     for (LinkCost& l : c.level) scale(l);
   }
-  if (cal_gamma_) c.gamma_us_per_byte = 1.0 / (*cal_gamma_ * 1e3);
+  if (cal_gamma_) {
+    // Calibration measures the reduction from memory (4 MiB operands); the
+    // cached rate stays at least as fast.
+    c.gamma_us_per_byte = 1.0 / (*cal_gamma_ * 1e3);
+    if (c.gamma_cached_us_per_byte > 0) c.gamma_cached_us_per_byte = std::min(c.gamma_cached_us_per_byte, c.gamma_us_per_byte);
+  }
   return c;
 }
 
