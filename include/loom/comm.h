@@ -165,9 +165,12 @@ class Comm {
   Status destroy();
   // First error that failed the communicator, or ok.
   Status async_error() const;
-  // The tuner's predicted time (microseconds) of one collective moving `bytes`
-  // per rank on this communicator, with the algorithm it would choose (what
-  // ncclGroupSimulateEnd reports).
+  // The tuner's predicted time (microseconds) of one collective of `bytes` on
+  // this communicator, with the algorithm it would choose (what
+  // ncclGroupSimulateEnd reports). `bytes` as nccl-tests counts sizes: the
+  // buffer for allreduce/broadcast/reduce/send, the whole output of
+  // all_gather, the whole input of reduce_scatter, one rank's whole send
+  // buffer for all_to_all.
   Result<double> predict_us(Collective coll, size_t bytes) const;
 
   detail::CommImpl* impl() { return impl_.get(); }

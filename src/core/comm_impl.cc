@@ -301,9 +301,17 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   for (const Algorithm* algo : algorithms_for(a.coll))
     if (algo->supports(args).is_ok()) available.push_back(algo->name);
   std::string chosen;
-  const size_t bytes = a.count * dtype_size(a.dt);
+  const size_t bytes = a.count * dtype_size(a.dt);  // per-rank count (NCCL's), logged as is
+  // The cost model counts all_gather's whole output, reduce_scatter's whole
+  // input and all_to_all's whole send buffer (topo/cost_model.h), i.e. nranks
+  // blocks. Regression: it was handed one block, so every prediction and
+  // pipelining chunk was for a buffer nranks times smaller than the real one
+  // (test: inproc/test_tuner_sizes).
+  const bool blocks = a.coll == Collective::kAllGather || a.coll == Collective::kReduceScatter ||
+                      a.coll == Collective::kAllToAll;
+  const size_t model_bytes = blocks ? bytes * static_cast<size_t>(a.nranks) : bytes;
   if (tuner_ && !available.empty()) {
-    auto sel = tuner_->select(a.coll, bytes, a.nranks, available);
+    auto sel = tuner_->select(a.coll, model_bytes, a.nranks, available);
     if (sel.is_ok()) {
       chosen = sel->algorithm;
       // The model's pipelining chunk, unless LOOM_CHUNK_BYTES pins one.
