@@ -406,11 +406,6 @@ Status SocketConnection::check() const {
       lagging = s;
     }
   }
-  // Bytes received but not yet consumed: the executor takes them first (a
-  // peer may send its last message and close at once; regression: that was
-  // reported as a dead peer while the message sat complete in the ring).
-  const uint64_t consumed = rwin_active_ ? rwin_base_ + rwin_done_ : head_;
-  if (in_tail_.load(std::memory_order_acquire) > consumed) return Status::ok();
   // The stream that carries the next bytes we need has ended: they can never come.
   if (all_eof || streams_[lagging].eof.load(std::memory_order_acquire))
     return remote_error(label_ + " closed the connection (the process exited, was killed, or destroyed its "
