@@ -31,6 +31,17 @@ bool wait_quiescent(Comm& c, std::chrono::milliseconds limit) {
   return c.quiescent();
 }
 
+// Ranks 0..2 start a large allreduce that rank 3 never joins.
+void start_without_rank3(std::vector<std::unique_ptr<Comm>>& comms, std::vector<std::vector<float>>& bufs,
+                         std::vector<Work>& works) {
+  for (int r = 0; r < 3; ++r) {
+    bufs[r].assign(kBig, 1.0f);
+    auto w = comms[r]->allreduce(bufs[r].data(), bufs[r].data(), kBig, DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    works[r] = *w;
+  }
+}
+
 // Sum-allreduce on `comms` (one thread each): old rank r adds r+1 at every element.
 void check_allreduce(std::vector<std::unique_ptr<Comm>>& comms, int64_t expect) {
   std::vector<std::vector<int64_t>> v(comms.size());
@@ -58,12 +69,7 @@ TEST(Revoke, EndsWorkEverywhereRefusesNewWorkAndStillSplits) {
   // Ranks 0..2 start a large allreduce that rank 3 never joins.
   std::vector<std::vector<float>> bufs(kN);
   std::vector<Work> works(kN);
-  for (int r = 0; r < 3; ++r) {
-    bufs[r].assign(kBig, 1.0f);
-    auto w = comms[r]->allreduce(bufs[r].data(), bufs[r].data(), kBig, DataType::kFloat32, RedOp::kSum);
-    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-    works[r] = *w;
-  }
+  ASSERT_NO_FATAL_FAILURE(start_without_rank3(comms, bufs, works));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   for (int r = 0; r < 3; ++r) EXPECT_FALSE(works[r].test()) << "rank " << r << " finished without rank 3";
   EXPECT_FALSE(comms[0]->quiescent());
@@ -120,12 +126,7 @@ TEST(Revoke, ShrinkAfterRevokeExcludingAnIdleRank) {
   ASSERT_EQ(comms.size(), static_cast<size_t>(kN));
   std::vector<std::vector<float>> bufs(kN);
   std::vector<Work> works(kN);
-  for (int r = 0; r < 3; ++r) {
-    bufs[r].assign(kBig, 1.0f);
-    auto w = comms[r]->allreduce(bufs[r].data(), bufs[r].data(), kBig, DataType::kFloat32, RedOp::kSum);
-    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-    works[r] = *w;
-  }
+  ASSERT_NO_FATAL_FAILURE(start_without_rank3(comms, bufs, works));
   for (int r = 0; r < 3; ++r) comms[r]->revoke();
   std::vector<std::unique_ptr<Comm>> sub(kN);
   std::vector<Status> st(kN);
