@@ -4,7 +4,8 @@
 //
 // usage: loomrun -n N gloo_bench -c allreduce|reduce_scatter|all_gather|broadcast
 //            -d STORE_DIR [-s 8,4K,1M] [-n iters] [-w warmup]
-// Rank and size come from LOOM_RANK/LOOM_WORLD_SIZE (loomrun) or RANK/WORLD_SIZE.
+// Rank and size come from LOOM_RANK/LOOM_WORLD_SIZE (loomrun) or RANK/WORLD_SIZE;
+// GLOO_BENCH_ADDR sets the address Gloo binds (default 127.0.0.1).
 // Rendezvous: gloo's FileStore in STORE_DIR (an empty directory per run).
 // Output (rank 0): CSV impl,coll,nranks,size,count,time_us,algbw,busbw,wrong,
 // impl = "gloo:<algorithm>". Float sum, nccl-tests' size column and busbw
@@ -97,7 +98,9 @@ std::vector<Prepared> prepare(const std::string& coll, const Ctx& ctx, Bufs& b, 
     auto hd = std::make_shared<gloo::AllreduceHalvingDoubling<float>>(ctx, std::vector<float*>{r}, int(count));
     out.push_back({"halving_doubling", [hd] { hd->run(); }});
   } else if (coll == "reduce_scatter") {
-    // In place on the full send vector; this rank's block ends up at its offset.
+    // In place on the full send vector. Gloo's distribution phase copies this
+    // rank's reduced block to the *start* of the vector (offset 0), not to
+    // the rank's offset (gloo/reduce_scatter.h, run(): bufferOffset from 0).
     std::vector<int> recv_elems(n, int(count));
     auto rs = std::make_shared<gloo::ReduceScatterHalvingDoubling<float>>(ctx, std::vector<float*>{s},
                                                                           int(count) * n, recv_elems);
@@ -143,7 +146,7 @@ long long check(const std::string& coll, const std::string& algo, const Ctx& ctx
   if (coll == "allreduce") {
     for (size_t i = 0; i < count; ++i) wrong += b.recv[i] != total;
   } else if (coll == "reduce_scatter") {
-    for (size_t i = 0; i < count; ++i) wrong += b.send[me * count + i] != total;
+    for (size_t i = 0; i < count; ++i) wrong += b.send[i] != total;  // at offset 0, see prepare()
   } else if (coll == "all_gather") {
     for (size_t i = 0; i < count * n; ++i) wrong += b.recv[i] != float(i / count + 1);
   } else {
@@ -188,7 +191,10 @@ int main(int argc, char** argv) {
     pos = comma + 1;
   }
 
-  gloo::transport::tcp::attr attr("127.0.0.1");
+  // GLOO_BENCH_ADDR: the address to bind and advertise (net_compare.sh runs
+  // ranks in network namespaces, where loopback does not reach the peers).
+  const char* bind_addr = std::getenv("GLOO_BENCH_ADDR");
+  gloo::transport::tcp::attr attr(bind_addr && *bind_addr ? bind_addr : "127.0.0.1");
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
   ctx->setTimeout(std::chrono::seconds(600));

@@ -113,6 +113,7 @@ size_t SocketConnection::send_some(const std::byte* src, size_t msg_remaining) {
 
 std::span<const std::byte> SocketConnection::recv_peek(size_t msg_remaining) {
   if (rwin_active_) return {};  // recv_into owns the current message
+  note_need(head_ + skip_ + msg_remaining);
   uint64_t tail = in_tail_.load(std::memory_order_acquire);
   if (skip_ > 0) {
     // The previous message's padding: drop it as it arrives. head_ must never
@@ -144,6 +145,7 @@ void SocketConnection::recv_consume(size_t n, size_t msg_remaining) {
 
 size_t SocketConnection::recv_into(std::byte* dst, size_t msg_remaining) {
   if (rwin_active_) return recv_window_progress(dst);
+  note_need(head_ + skip_ + msg_remaining);
   if (direct_min_ == 0 || msg_remaining < direct_min_ || fenced_.load(std::memory_order_relaxed))
     return Connection::recv_into(dst, msg_remaining);
   if (skip_ > 0) {
@@ -315,7 +317,17 @@ bool SocketConnection::pump_send(int s, short* want_poll) {
 bool SocketConnection::pump_recv(int s, short* want_poll) {
   *want_poll = 0;
   Stream& st = streams_[s];
-  if (failed_.load(std::memory_order_relaxed) || st.eof.load(std::memory_order_relaxed)) return false;
+  if (failed_.load(std::memory_order_relaxed)) return false;
+  if (st.eof.load(std::memory_order_relaxed)) {
+    // Nothing more arrives on this stream, but a receive window posted now
+    // still waits for its acknowledgement: everything this stream carried
+    // went to the ring (a peer that sent its last message and left).
+    const WinView w = load_window(rwin_);
+    if (w.seq == st.adopted.load(std::memory_order_relaxed)) return false;
+    st.adopt_pos.store(st.recv_pos.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    st.adopted.store(w.seq, std::memory_order_release);
+    return true;
+  }
   uint64_t pos = st.recv_pos.load(std::memory_order_relaxed);
   bool moved = false;
   size_t budget = kPumpBudget;
@@ -361,6 +373,8 @@ bool SocketConnection::pump_recv(int s, short* want_poll) {
       continue;
     }
     if (n == 0) {
+      int64_t none = 0;
+      first_eof_ns_.compare_exchange_strong(none, Clock::now().time_since_epoch().count() | 1);
       st.eof.store(true, std::memory_order_release);
       LOOM_INFO(kLogNet, "{} closed stream {}", label_, s);
       moved = true;  // wake the executor so it looks at the peer
@@ -390,10 +404,38 @@ void SocketConnection::set_error(const std::string& why) {
 
 void SocketConnection::fail(const std::string& why) { set_error(why); }
 
+void SocketConnection::peer_closed(uint64_t sent) {
+  peer_closed_at_.store(sent, std::memory_order_release);
+  LOOM_INFO(kLogNet, "{} destroyed its communicator after sending {} bytes on this connection", label_, sent);
+}
+
 Status SocketConnection::check() const {
+  const uint64_t closed_at = peer_closed_at_.load(std::memory_order_acquire);
+  const bool closed = closed_at != kNotClosed;
   if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lk(err_mu_);
+    if (closed)
+      return remote_error(label_ + " destroyed its communicator (orderly close) while this rank still exchanged data "
+                                   "with it: " + error_);
     return remote_error(error_);
+  }
+  if (closed) {
+    // Everything the peer will ever send lies below closed_at: a receive that
+    // needs more can never finish. Below it, bytes may still be in flight.
+    const uint64_t need = need_end_.load(std::memory_order_acquire);
+    if (need > closed_at)
+      return remote_error(fmt::format("{} destroyed its communicator (orderly close) before sending what this recv "
+                                      "expects (it sent {} bytes on this connection, the recv needs {})",
+                                      label_, closed_at, need));
+    // recv_pos is the stream's next own byte: below `need` means a byte the
+    // peer sent never arrived (its stream ended early).
+    for (size_t s = 0; s < streams_.size(); ++s) {
+      const uint64_t p = streams_[s].recv_pos.load(std::memory_order_acquire);
+      if (streams_[s].eof.load(std::memory_order_acquire) && p < need)
+        return remote_error(fmt::format("{} closed stream {} at byte {} although it announced an orderly close after "
+                                        "byte {}", label_, s, p, closed_at));
+    }
+    return Status::ok();
   }
   bool all_eof = true;
   size_t lagging = 0;
@@ -406,10 +448,18 @@ Status SocketConnection::check() const {
       lagging = s;
     }
   }
-  // The stream that carries the next bytes we need has ended: they can never come.
-  if (all_eof || streams_[lagging].eof.load(std::memory_order_acquire))
+  // The stream that carries the next bytes we need has ended: they can never
+  // come, unless this is an orderly close whose notice (on the control
+  // stream, another TCP connection) is still on its way. A crash closes the
+  // control stream too, so it is named at once; the grace only covers a
+  // control stream that stays open.
+  if (all_eof || streams_[lagging].eof.load(std::memory_order_acquire)) {
+    const auto since = std::chrono::nanoseconds(Clock::now().time_since_epoch().count() -
+                                                first_eof_ns_.load(std::memory_order_acquire));
+    if (!ctrl_lost_.load(std::memory_order_acquire) && since < std::chrono::seconds(1)) return Status::ok();
     return remote_error(label_ + " closed the connection (the process exited, was killed, or destroyed its "
                                  "communicator while this rank still needed data from it)");
+  }
   return Status::ok();
 }
 

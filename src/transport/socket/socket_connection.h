@@ -62,14 +62,24 @@ class SocketConnection final : public Connection {
   const std::string& label() const { return label_; }
 
   // Non-ok once the peer can no longer deliver what we wait for or accept
-  // what we send: a socket error, or end-of-file on the stream that carries
-  // the next needed bytes (the peer closed or died).
+  // what we send: a socket error, a receive that wants bytes past the peer's
+  // orderly close, or end-of-file without a close notice on the stream that
+  // carries the next needed bytes (the peer died). Any thread.
   Status check() const;
   // True when every byte handed to send_some has reached the kernel (or the
   // connection failed, so nothing more will).
   bool flushed() const;
   // Records a failure seen elsewhere (the control stream).
   void fail(const std::string& why);
+  // The peer destroyed its communicator after handing us `sent` stream bytes
+  // (its orderly-close notice, control stream). From then on check() fails
+  // only when this rank needs more than that, or a stream ended short of it.
+  void peer_closed(uint64_t sent);
+  // The control stream ended without such a notice: end-of-file on a data
+  // stream is a crash, reported at once instead of after a grace period.
+  void control_lost() { ctrl_lost_.store(true, std::memory_order_release); }
+  // Stream bytes handed to send_some so far (all in the kernel once flushed()).
+  uint64_t sent_bytes() const { return out_tail_.load(std::memory_order_acquire); }
   // The communicator failed: its op returns an error and the user may free
   // the buffers of a posted window. Stops all direct I/O and waits until no
   // progress thread is inside a send()/recv() on a user buffer.
@@ -116,6 +126,10 @@ class SocketConnection final : public Connection {
   void set_error(const std::string& why);
   uint64_t min_send_pos() const;
   uint64_t min_recv_pos() const;
+  // Stream offset up to which the executor waits for bytes (for check()).
+  void note_need(uint64_t end) {
+    if (need_end_.load(std::memory_order_relaxed) != end) need_end_.store(end, std::memory_order_release);
+  }
 
   std::vector<Stream> streams_;
   const size_t cap_;
@@ -145,6 +159,13 @@ class SocketConnection final : public Connection {
   std::atomic<bool> fenced_{false};
   std::atomic<int> direct_busy_{0};
   std::atomic<uint64_t> direct_sent_{0}, direct_received_{0};
+
+  // Orderly close of the peer (see peer_closed) and how a crash is told apart.
+  static constexpr uint64_t kNotClosed = UINT64_MAX;
+  std::atomic<uint64_t> need_end_{0};
+  std::atomic<uint64_t> peer_closed_at_{kNotClosed};
+  std::atomic<bool> ctrl_lost_{false};
+  std::atomic<int64_t> first_eof_ns_{0};  // steady clock; 0 = no stream ended yet
 
   std::atomic<bool> failed_{false};
   mutable std::mutex err_mu_;

@@ -22,7 +22,8 @@ namespace {
 
 constexpr uint32_t kStreamMagic = 0x4c4f534b;  // "LOSK"
 constexpr uint32_t kCtrlMagic = 0x4c4f4354;    // "LOCT"
-constexpr uint16_t kVersion = 1;
+constexpr uint32_t kCloseMagic = 0x4c4f434c;   // "LOCL"
+constexpr uint16_t kVersion = 2;               // 2: orderly-close notices on the control stream
 constexpr size_t kMaxReason = 4096;
 constexpr int kMaxStreams = 64;
 
@@ -37,7 +38,9 @@ struct StreamHello {
   uint64_t slice_bytes;
 };
 
-// A control-stream message: an abort announcement with its reason.
+// A control-stream message: an abort announcement with its reason
+// (kCtrlMagic), or an orderly-close notice (kCloseMagic) whose 8-byte body is
+// the number of stream bytes the sender handed to this connection in all.
 struct CtrlHeader {
   uint32_t magic;
   uint32_t len;
@@ -86,6 +89,7 @@ struct SocketTransport::Peer {
   // Control stream input (progress thread of ctrl_worker only).
   std::string ctrl_buf;
   bool ctrl_closed = false;
+  bool close_noticed = false;  // the peer announced its orderly close
   // Abort reason announced by the peer (set once, then aborted = true).
   std::mutex mu;
   std::string abort_reason;
@@ -351,19 +355,33 @@ void SocketTransport::read_control(Peer& p) {
   while (p.ctrl_buf.size() >= sizeof(CtrlHeader)) {
     CtrlHeader h;
     std::memcpy(&h, p.ctrl_buf.data(), sizeof(h));
-    if (h.magic != kCtrlMagic || h.len > kMaxReason) {
+    const bool close_notice = h.magic == kCloseMagic && h.len == sizeof(uint64_t);
+    if ((h.magic != kCtrlMagic && !close_notice) || h.len > kMaxReason) {
       LOOM_WARN(kLogNet, "rank {}: garbage on the control stream of {}; ignoring it", rank_, p.label);
       p.ctrl_buf.clear();
       p.ctrl_closed = true;
       break;
     }
     if (p.ctrl_buf.size() < sizeof(h) + h.len) break;
+    if (close_notice) {
+      uint64_t sent;
+      std::memcpy(&sent, p.ctrl_buf.data() + sizeof(h), sizeof(sent));
+      p.conn->peer_closed(sent);
+      p.close_noticed = true;
+      p.ctrl_buf.erase(0, sizeof(h) + h.len);
+      notify();
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lk(p.mu);
       if (p.abort_reason.empty()) p.abort_reason = p.ctrl_buf.substr(sizeof(h), h.len);
     }
     p.aborted.store(true, std::memory_order_release);
     p.ctrl_buf.erase(0, sizeof(h) + h.len);
+    notify();
+  }
+  if (p.ctrl_closed && !p.close_noticed) {
+    p.conn->control_lost();  // ended without saying goodbye: a data stream's EOF is a crash
     notify();
   }
 }
@@ -449,6 +467,25 @@ SocketTransport::~SocketTransport() {
     usleep(1000);
   }
   stop_.store(true, std::memory_order_release);
+  {
+    // Orderly close: tell each peer how many bytes it gets from us in all,
+    // so it drains them after we are gone instead of calling us dead. Only
+    // where everything reached the kernel; a peer we could not flush to
+    // sees a plain end-of-file (data was lost). No abort after this.
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    if (!announced_) {
+      announced_ = true;
+      for (auto& p : peers_) {
+        if (!p || !p->conn->flushed() || !p->conn->check().is_ok()) continue;
+        struct {
+          CtrlHeader h;
+          uint64_t sent;
+        } msg{{kCloseMagic, sizeof(uint64_t)}, p->conn->sent_bytes()};
+        Status st = send_all(p->ctrl.get(), &msg, sizeof(msg), deadline_after(1.0));
+        if (!st.is_ok()) LOOM_INFO(kLogNet, "could not tell {} about our orderly close: {}", p->label, st.message());
+      }
+    }
+  }
   for (auto& w : workers_) {
     uint64_t one = 1;
     (void)!write(w->efd.get(), &one, sizeof(one));

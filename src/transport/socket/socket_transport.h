@@ -3,7 +3,9 @@
 //
 // Per remote peer: a SocketConnection (staging rings + LOOM_SOCKET_NSOCKS data
 // streams) and one control stream that carries abort announcements, so a
-// failing rank makes its remote peers fail fast with its reason. A few
+// failing rank makes its remote peers fail fast with its reason, and the
+// orderly-close notice of a rank that destroys its communicator (how many
+// bytes it sent; its peers keep draining them after it left). A few
 // progress threads (LOOM_SOCKET_NTHREADS) move bytes between the rings and the
 // non-blocking sockets; each stream belongs to exactly one thread. When a
 // thread delivers bytes or frees outgoing space it rings this transport's
