@@ -37,6 +37,14 @@ std::vector<ParamInfo>& registry() {
        "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use)."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
+      {"LOOM_SHM_SHARED_COPY", "bool", "1",
+       "Shared single copy: a sender whose phase only sends writes half of a large (>= 512 KiB) single-copy "
+       "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); 0 = the "
+       "receiver copies alone."},
+      {"LOOM_SPIN_US", "int", "-1",
+       "Microseconds a waiting rank keeps polling (after LOOM_SPIN polls) before it sleeps; -1 = auto: 200 when "
+       "the communicator has no more ranks than this machine has CPUs, else 0. Sleeping and being woken costs "
+       "tens of microseconds on a VM, more than a 1 MiB single-copy read takes."},
       {"LOOM_HOST_ID", "string", "",
        "Overrides the host identity (hash of hostname + boot id) so tests can fake several hosts."},
       {"LOOM_TRANSPORT", "string", "auto",
@@ -151,6 +159,8 @@ uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20);
 uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
+int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }
+int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
 int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }

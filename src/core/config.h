@@ -41,6 +41,8 @@ uint64_t shm_single_copy_bytes();  // LOOM_SHM_SINGLE_COPY_BYTES
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
 int engine_spin_us();        // LOOM_ENGINE_SPIN_US
+int spin_us();               // LOOM_SPIN_US (-1: auto)
+int shm_shared_copy();       // LOOM_SHM_SHARED_COPY
 std::string transport();     // LOOM_TRANSPORT: auto | shm | socket
 int socket_nsocks();         // LOOM_SOCKET_NSOCKS
 int socket_nthreads();       // LOOM_SOCKET_NTHREADS

@@ -18,6 +18,12 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       mem_(mem),
       abort_(abort),
       spin_(params::spin_count()),
+      // A rank that has a core to itself keeps polling for a while: a 1 MiB
+      // single-copy read takes ~60 us here, and a futex sleep + wake-up on a
+      // VM costs about as much again (2-rank broadcast 1 MiB: 105 -> 65 us).
+      // Oversubscribed, polling would steal the peer's core: sleep early.
+      spin_time_(params::spin_us() >= 0 ? params::spin_us()
+                 : nranks <= static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) ? 200 : 0),
       // Oversubscribed (more ranks than CPUs): yield often so the peer we wait
       // for gets the core; otherwise rarely (a yield is a syscall).
       yield_mask_(nranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) ? 7 : 127),
@@ -88,6 +94,12 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       }
     }
   }
+  // A phase of sends only leaves this thread idle while the peers copy:
+  // say so, so a single-copy transport can share the copying with us.
+  bool only_sends = !active_.empty() && overlapped_.empty();
+  for (const Active& a : active_) only_sends = only_sends && a.step->kind == StepKind::kSend;
+  for (const Active& a : active_)
+    if (a.step->kind == StepKind::kSend) a.conn->set_sender_idle(only_sends);
   auto run_overlapped = [&]() {
     for (const Step* s : overlapped_) mem_->copy(ptr(s->dst), ptr(s->src), s->count * es);
     overlapped_.clear();
@@ -99,7 +111,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
 
   int idle = 0;
   // Read the clock only once the phase has to wait (most small phases don't).
-  Clock::time_point last_peer_check{};
+  Clock::time_point last_peer_check{}, spin_until{};
   for (;;) {
     const uint32_t ev = transport_->events();
     bool moved = false, all_done = true;
@@ -183,9 +195,17 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     if (all_done) return Status::ok();
     if (moved) {
       idle = 0;
+      spin_until = {};
       continue;
     }
-    if (++idle < spin_) {
+    if (++idle == spin_ && spin_time_.count() > 0) {
+      // The poll budget is spent; keep polling until the time floor has passed
+      // (the clock is read every 64 polls, not every poll).
+      auto now = Clock::now();
+      if (spin_until == Clock::time_point{}) spin_until = now + spin_time_;
+      if (now < spin_until) idle = spin_ - 64;
+    }
+    if (idle < spin_) {
       // Yield now and then: with more ranks than cores the peer we wait for
       // may need this very core to make progress.
       if ((idle & yield_mask_) == yield_mask_) sched_yield();
@@ -220,6 +240,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
     transport_->wait_events(ev, std::min(left, std::chrono::microseconds(50000)));
     idle = spin_ / 2;  // after a wake-up, spin a little before sleeping again
+    spin_until = Clock::now();  // ... and without the time floor
   }
 }
 

@@ -78,6 +78,7 @@ class Executor {
   MemoryBackend* mem_;
   const std::atomic<bool>* abort_;
   int spin_;
+  std::chrono::microseconds spin_time_;  // poll at least this long before sleeping (LOOM_SPIN_US)
   int yield_mask_;  // sched_yield every (yield_mask_ + 1) idle polls
   std::byte* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

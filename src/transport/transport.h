@@ -34,6 +34,11 @@ class Connection {
   // straight into dst and returns how many; 0 when nothing has arrived.
   // Transports with a single-copy path (shm + CMA) override it; the default
   // copies out of recv_peek.
+  // The executor's hint before a send: true when this rank's current phase
+  // only sends, so its thread is idle while the peer copies. A transport
+  // may then let the receiver hand part of a single-copy message back for
+  // the sender to write (shm: two cores copy one message). Default: unused.
+  virtual void set_sender_idle(bool) {}
   virtual size_t recv_into(std::byte* dst, size_t msg_remaining) {
     size_t done = 0;
     while (done < msg_remaining) {
@@ -57,7 +62,10 @@ class Transport {
   // for. Read it before polling; sleep with wait_events if nothing moved.
   virtual uint32_t events() = 0;
   virtual void wait_events(uint32_t seen, std::chrono::microseconds timeout) = 0;
-  // Non-ok if the peer's process died or it announced an abort.
+  // Non-ok if the peer's process died or it announced an abort. A peer that
+  // destroyed its communicator (orderly close, announced by every transport's
+  // destructor after its last send) is ok as long as this rank waits for
+  // nothing beyond what it sent; any thread may call it.
   virtual Status check_peer(int peer) = 0;
   // Tells every peer this rank failed, with the reason (they fail fast).
   virtual void announce_abort(const std::string& reason) = 0;

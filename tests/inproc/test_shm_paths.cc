@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/test_util.h"
+#include "transport/shm/shm_transport.h"
 
 namespace loom {
 namespace {
@@ -52,6 +53,49 @@ void run_mix(int n, const char* single_copy_bytes, const char* fifo_bytes) {
   for (auto& t : ts) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
+
+// Shared single copy: a root whose phase only sends writes half of each
+// large message into the receiver while the receiver reads the other half.
+// Odd sizes put the split off the element grid; both roots; then off.
+void shared_copy_case(bool enabled) {
+  setenv("LOOM_SHM_SHARED_COPY", enabled ? "1" : "0", 1);
+  auto comms = Comm::init_all(2);
+  unsetenv("LOOM_SHM_SHARED_COPY");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  const uint64_t before = ShmTransport::shared_copy_bytes();
+  std::vector<testing::Case> cases;
+  for (size_t count : {(size_t{1} << 20) + 3, size_t{1} << 19, (size_t{3} << 18) + 1})
+    for (int root : {0, 1}) {
+      testing::Case cs;
+      cs.coll = Collective::kBroadcast;
+      cs.count = count;
+      cs.dt = count % 2 ? DataType::kInt8 : DataType::kFloat32;
+      cs.in_place = true;  // out of place the root also copies, so it is not idle
+      cs.root = root;
+      cases.push_back(cs);
+    }
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      for (const auto& c : cases) {
+        Status st = testing::run_case(*(*comms)[r], c);
+        if (!st.is_ok()) {
+          err[r] = st.to_string();
+          (*comms)[r]->abort("test failure");
+          return;
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  const uint64_t pushed = ShmTransport::shared_copy_bytes() - before;
+  if (enabled) EXPECT_GT(pushed, 0u) << "no sender wrote into a receiver";
+  else EXPECT_EQ(pushed, 0u);
+}
+
+TEST(ShmPaths, SharedSingleCopy) { shared_copy_case(true); }
+TEST(ShmPaths, SharedSingleCopyOff) { shared_copy_case(false); }
 
 TEST(ShmPaths, FifoOnly) { run_mix(3, "0", "64K"); }
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }

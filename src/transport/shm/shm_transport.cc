@@ -27,9 +27,18 @@ constexpr size_t kFifoCtlBytes = 256;
 
 struct alignas(64) FifoCtl {
   std::atomic<uint64_t> tail;  // written by the sender
-  char pad0[56];
+  // Shared single copy (see CmaDescriptor): bytes the sender has written
+  // into the receiver's buffer on request (monotonic), and the sequence
+  // number of the last request it could not serve.
+  std::atomic<uint64_t> push_done;
+  std::atomic<uint64_t> push_failed;
+  char pad0[40];
   std::atomic<uint64_t> head;  // written by the receiver
-  char pad1[56];
+  // The receiver's request: write [push_off, push_off + push_len) of the
+  // current message to push_dst in my address space; push_seq publishes it.
+  std::atomic<uint64_t> push_seq;
+  uint64_t push_dst, push_off, push_len;
+  char pad1[24];
   // Bytes of single-copy messages the receiver has read so far (monotonic,
   // written by the receiver): the sender's source buffer is busy until then.
   std::atomic<uint64_t> cma_ack;
@@ -39,12 +48,22 @@ struct alignas(64) FifoCtl {
 // In the FIFO, a single-copy message is replaced by this descriptor: the
 // receiver reads the payload straight from the sender's memory with
 // process_vm_readv (Linux CMA), one copy instead of two.
+//
+// Shared single copy: when the sender has nothing else to do (its phase only
+// sends) and may write into the receiver (probed), it says so in `flags`;
+// a receiver that knows the destination then asks it to write the second
+// half with process_vm_writev while it reads the first half itself, so two
+// cores copy one message (2-rank broadcast, send/recv).
 struct CmaDescriptor {
   uint64_t magic;
   uint64_t addr;
   uint64_t len;
   int64_t pid;
+  uint64_t flags;
 };
+constexpr uint64_t kCmaSenderCanPush = 1;
+constexpr size_t kPushMinBytes = 512 << 10;  // below this, one reader is as fast
+std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this process
 constexpr uint64_t kCmaMagic = 0x434d41444553431ull;
 constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
 constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
@@ -83,6 +102,9 @@ struct ShmTransport::Segment {
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> waiters;
   alignas(64) std::atomic<uint32_t> aborted;
+  // Set by an orderly destroy after the rank's last send: its peers still
+  // drain what it left in their FIFOs instead of reporting it dead.
+  alignas(64) std::atomic<uint32_t> closed;
   char abort_reason[1024];
   // Messages to this rank of at least this many bytes use the single-copy
   // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted).
@@ -103,6 +125,26 @@ struct ShmTransport::Segment {
 static_assert(sizeof(ShmTransport::Segment) <= kHeaderBytes);
 
 namespace {
+
+// Writes len bytes from src to addr in process pid; same process: memcpy.
+bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* err) {
+  if (pid == getpid()) {
+    std::memcpy(reinterpret_cast<void*>(addr), src, len);
+    return true;
+  }
+  size_t done = 0;
+  while (done < len) {
+    iovec local{const_cast<std::byte*>(src) + done, len - done};
+    iovec remote{reinterpret_cast<void*>(addr + done), len - done};
+    ssize_t n = process_vm_writev(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      *err = n < 0 ? errno : EIO;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
 
 // Reads len bytes at addr in process pid into dst; same process: memcpy.
 bool cma_read(int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
@@ -127,7 +169,7 @@ bool cma_read(int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
 class ShmConnection final : public Connection {
  public:
   ShmConnection(ShmTransport::Segment* self, ShmTransport::Segment* peer, int rank, int peer_rank, int nranks,
-                size_t cap)
+                size_t cap, bool can_push)
       : self_(self),
         peer_(peer),
         out_ctl_(peer->ctl(rank)),
@@ -137,7 +179,12 @@ class ShmConnection final : public Connection {
         cap_(cap) {
     tail_ = out_ctl_->tail.load(std::memory_order_relaxed);
     head_ = in_ctl_->head.load(std::memory_order_relaxed);
+    out_push_seen_ = out_ctl_->push_seq.load(std::memory_order_relaxed);
+    in_push_seq_ = in_ctl_->push_seq.load(std::memory_order_relaxed);
+    can_push_ = can_push;
   }
+
+  void set_sender_idle(bool idle) override { sender_idle_ = idle; }
 
   size_t send_some(const std::byte* src, size_t msg_remaining) override {
     if (out_total_ == 0) {  // a new message starts
@@ -149,6 +196,9 @@ class ShmConnection final : public Connection {
     size_t n = out_cma_ ? send_cma(src, msg_remaining) : send_fifo(src, msg_remaining);
     out_done_ += n;
     if (out_done_ == out_total_) out_total_ = 0;
+    // Only a change is published: the watchdog reads it, the hot path rarely writes it.
+    if (send_pending_.load(std::memory_order_relaxed) != (out_total_ != 0))
+      send_pending_.store(out_total_ != 0, std::memory_order_release);
     return n;
   }
 
@@ -156,8 +206,11 @@ class ShmConnection final : public Connection {
     begin_recv(msg_remaining);
     if (!in_cma_) return peek_fifo(msg_remaining);
     if (!read_descriptor()) return {};
+    // With a shared copy under way the sender writes the rest straight into
+    // the destination: only recv_into can complete this message.
+    if (push_pending_ && in_done_ >= read_end_) return {};
     if (!stage_) stage_ = std::make_unique<std::byte[]>(kCmaStageBytes);
-    size_t n = std::min(msg_remaining, kCmaStageBytes);
+    size_t n = std::min({msg_remaining, kCmaStageBytes, read_end_ - in_done_});
     if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_)) return {};
     return {stage_.get(), n};
   }
@@ -177,15 +230,36 @@ class ShmConnection final : public Connection {
     begin_recv(msg_remaining);
     if (!in_cma_) return Connection::recv_into(dst, msg_remaining);
     if (!read_descriptor()) return 0;
-    size_t n = std::min(msg_remaining, kCmaReadChunk);
+    if (in_done_ == 0 && !push_pending_ && (desc_.flags & kCmaSenderCanPush) && in_total_ >= kPushMinBytes)
+      request_push(dst);
+    if (push_pending_ && in_done_ >= read_end_) return take_pushed();
+    size_t n = std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_});
     if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_)) return 0;
     ack(n);
     finish_recv(n);
     return n;
   }
 
+
+
   // Non-zero errno of a failed single-copy read (reported by check_peer).
   int cma_errno() const { return cma_errno_; }
+
+  // The peer left in an orderly way (its `closed` flag, set after its last
+  // FIFO write): empty while everything this rank waits for is already in
+  // the FIFO, else why the wait can never end. Any thread.
+  std::string closed_problem(int peer) const {
+    if (send_pending_.load(std::memory_order_acquire))
+      return fmt::format("rank {} destroyed its communicator (orderly close) before receiving what this rank sends to it",
+                         peer);
+    const uint64_t sent = in_ctl_->tail.load(std::memory_order_acquire);
+    const uint64_t need = need_end_.load(std::memory_order_acquire);
+    if (need > sent)
+      return fmt::format("rank {} destroyed its communicator (orderly close) before sending what this recv expects "
+                         "(it sent {} bytes on this connection, the recv needs {})",
+                         peer, sent, need);
+    return {};
+  }
 
  private:
   size_t send_fifo(const std::byte* src, size_t msg_remaining) {
@@ -214,10 +288,14 @@ class ShmConnection final : public Connection {
     if (!out_desc_posted_) {
       uint64_t head = out_ctl_->head.load(std::memory_order_acquire);
       if (cap_ - static_cast<size_t>(tail_ - head) < sizeof(CmaDescriptor)) return 0;
-      CmaDescriptor d{kCmaMagic, reinterpret_cast<uint64_t>(src), msg_remaining, getpid()};
+      const bool push = can_push_ && sender_idle_ && msg_remaining >= kPushMinBytes;
+      CmaDescriptor d{kCmaMagic, reinterpret_cast<uint64_t>(src), msg_remaining, getpid(),
+                      push ? kCmaSenderCanPush : 0};
       // Previous single-copy messages were fully acknowledged, so the counter
       // now marks where this message's acknowledgements start.
       out_ack_base_ = out_ctl_->cma_ack.load(std::memory_order_acquire);
+      out_push_base_ = out_ctl_->push_done.load(std::memory_order_relaxed);
+      out_push_offered_ = push;
       write_wrapped(reinterpret_cast<const std::byte*>(&d), sizeof(d));
       tail_ += sizeof(d);
       out_ctl_->tail.store(tail_, std::memory_order_release);
@@ -225,8 +303,59 @@ class ShmConnection final : public Connection {
       peer_->ring();
       return 0;
     }
-    uint64_t acked = out_ctl_->cma_ack.load(std::memory_order_acquire) - out_ack_base_;
+    if (out_push_offered_) serve_push(src - out_done_);
+    uint64_t acked = out_ctl_->cma_ack.load(std::memory_order_acquire) - out_ack_base_ +
+                     (out_ctl_->push_done.load(std::memory_order_relaxed) - out_push_base_);
     return static_cast<size_t>(acked) - out_done_;
+  }
+
+  // Sender: write the part the receiver asked for (at most one request per
+  // message, posted after it read this message's descriptor).
+  void serve_push(const std::byte* msg) {
+    uint64_t seq = out_ctl_->push_seq.load(std::memory_order_acquire);
+    if (seq == out_push_seen_) return;
+    out_push_seen_ = seq;
+    out_push_offered_ = false;
+    int err = 0;
+    const uint64_t off = out_ctl_->push_off, len = out_ctl_->push_len;
+    if (off + len <= out_total_ &&
+        cma_write(peer_->pid, out_ctl_->push_dst, msg + off, static_cast<size_t>(len), &err)) {
+      out_ctl_->push_done.store(out_ctl_->push_done.load(std::memory_order_relaxed) + len, std::memory_order_release);
+      g_shared_copy_bytes.fetch_add(len, std::memory_order_relaxed);
+    } else {
+      out_ctl_->push_failed.store(seq, std::memory_order_release);  // the receiver reads it itself
+    }
+    peer_->ring();
+  }
+
+  // Receiver: ask the sender to write the second half of this message
+  // (page-aligned split) while this rank reads the first.
+  void request_push(std::byte* msg_dst) {
+    const size_t split = (in_total_ / 2) & ~size_t{4095};
+    push_base_ = in_ctl_->push_done.load(std::memory_order_acquire);
+    push_len_ = in_total_ - split;
+    in_ctl_->push_dst = reinterpret_cast<uint64_t>(msg_dst + split);
+    in_ctl_->push_off = split;
+    in_ctl_->push_len = push_len_;
+    in_ctl_->push_seq.store(++in_push_seq_, std::memory_order_release);
+    peer_->ring();  // the sender may be asleep waiting for our acknowledgements
+    push_pending_ = true;
+    read_end_ = split;
+  }
+
+  // Receiver: the first half is read; done once the sender's half is in.
+  size_t take_pushed() {
+    if (in_ctl_->push_done.load(std::memory_order_acquire) - push_base_ >= push_len_) {
+      push_pending_ = false;
+      read_end_ = SIZE_MAX;
+      finish_recv(push_len_);
+      return push_len_;
+    }
+    if (in_ctl_->push_failed.load(std::memory_order_acquire) == in_push_seq_) {
+      push_pending_ = false;  // read the rest ourselves (acknowledged as usual)
+      read_end_ = SIZE_MAX;
+    }
+    return 0;
   }
 
   void write_wrapped(const std::byte* p, size_t n) {
@@ -240,6 +369,7 @@ class ShmConnection final : public Connection {
     if (in_total_ != 0) return;
     in_total_ = msg_remaining;
     in_done_ = 0;
+    read_end_ = SIZE_MAX;
     in_cma_ = msg_remaining >= self_->cma_threshold;
     have_desc_ = false;
   }
@@ -250,6 +380,7 @@ class ShmConnection final : public Connection {
   }
 
   std::span<const std::byte> peek_fifo(size_t msg_remaining) {
+    note_need(head_ + msg_remaining);
     uint64_t tail = in_ctl_->tail.load(std::memory_order_acquire);
     size_t avail = static_cast<size_t>(tail - head_);
     if (avail == 0) return {};
@@ -260,6 +391,7 @@ class ShmConnection final : public Connection {
 
   bool read_descriptor() {
     if (have_desc_) return true;
+    note_need(head_ + sizeof(CmaDescriptor));
     uint64_t tail = in_ctl_->tail.load(std::memory_order_acquire);
     if (tail - head_ < sizeof(CmaDescriptor)) return false;
     size_t pos = static_cast<size_t>(head_ % cap_);
@@ -275,6 +407,11 @@ class ShmConnection final : public Connection {
     }
     have_desc_ = true;
     return true;
+  }
+
+  // FIFO offset up to which the executor waits for bytes (closed_problem).
+  void note_need(uint64_t end) {
+    if (need_end_.load(std::memory_order_relaxed) != end) need_end_.store(end, std::memory_order_release);
   }
 
   void ack(size_t n) {
@@ -301,6 +438,17 @@ class ShmConnection final : public Connection {
   CmaDescriptor desc_{};
   std::unique_ptr<std::byte[]> stage_;
   int cma_errno_ = 0;
+  // Shared single copy. Sender: may write into this peer (probed), its
+  // phase only sends, the current message offered it, last request seen.
+  bool can_push_ = false, sender_idle_ = false, out_push_offered_ = false;
+  uint64_t out_push_seen_ = 0, out_push_base_ = 0;
+  // Receiver: a request is out, where this rank's own reading stops.
+  bool push_pending_ = false;
+  size_t read_end_ = SIZE_MAX, push_len_ = 0;
+  uint64_t in_push_seq_ = 0, push_base_ = 0;
+  // Published by the executor for closed_problem() on other threads.
+  std::atomic<uint64_t> need_end_{0};
+  std::atomic<bool> send_pending_{false};
 };
 
 // Maps [p, p+len) now instead of on first use. A FIFO is touched page by page
@@ -437,6 +585,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->doorbell) std::atomic<uint32_t>(0);
   new (&self->waiters) std::atomic<uint32_t>(0);
   new (&self->aborted) std::atomic<uint32_t>(0);
+  new (&self->closed) std::atomic<uint32_t>(0);
   const uint64_t single_copy = params::shm_single_copy_bytes();
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
@@ -485,6 +634,22 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
       }
     }
   }
+  // Shared single copy needs the reverse permission: writing into the peers
+  // (the probe writes the word's own value back). Same-process peers copy
+  // with memcpy and need no probe.
+  bool can_push = self->cma_threshold != UINT64_MAX;
+  for (int i = 0; i < n && can_push; ++i) {
+    if (i == r || !t->segs_[i] || t->segs_[i]->pid == getpid()) continue;
+    uint64_t word = kCmaMagic;
+    int err = 0;
+    if (!cma_write(t->segs_[i]->pid, t->segs_[i]->cma_probe_addr, reinterpret_cast<const std::byte*>(&word),
+                   sizeof(word), &err)) {
+      LOOM_INFO(kLogShm, "rank {}: writing into rank {} not possible ({}); receivers copy alone", r, i,
+                std::strerror(err));
+      can_push = false;
+    }
+  }
+  if (params::shm_shared_copy() == 0) can_push = false;
   st = boot.barrier(deadline);
   shm_unlink(t->own_name_.c_str());
   t->unlinked_ = true;
@@ -493,14 +658,24 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     if (i == r || !t->segs_[i]) continue;
     prefault(self->data(i, n, t->fifo_bytes_), t->fifo_bytes_, false);           // inbound from i
     prefault(t->segs_[i]->data(r, n, t->fifo_bytes_), t->fifo_bytes_, true);     // outbound to i
-    t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_);
+    t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, can_push);
   }
   LOOM_INFO(kLogShm, "rank {}: shm transport up, {} local peers, fifo {} KiB", r,
             std::count(local.begin(), local.end(), true) - 1, t->fifo_bytes_ >> 10);
   return t;
 }
 
+uint64_t ShmTransport::shared_copy_bytes() { return g_shared_copy_bytes.load(std::memory_order_relaxed); }
+
 ShmTransport::~ShmTransport() {
+  // Orderly close: the engine has stopped, so every FIFO write of this rank
+  // is done; peers may drain them after we are gone. A rank that announced a
+  // failure stays failed in its peers' eyes.
+  if (Segment* self = !segs_.empty() ? segs_[rank_] : nullptr; self && !self->aborted.load(std::memory_order_acquire)) {
+    self->closed.store(1, std::memory_order_release);
+    for (int i = 0; i < nranks_; ++i)
+      if (segs_[i] && i != rank_) segs_[i]->ring();  // an engine waiting on us re-checks now
+  }
   conns_.clear();
   for (auto* s : segs_)
     if (s) SegmentMaps::get().release(s);
@@ -531,6 +706,14 @@ Status ShmTransport::check_peer(int peer) {
   if (s->aborted.load(std::memory_order_acquire)) {
     std::string reason(s->abort_reason, strnlen(s->abort_reason, sizeof(s->abort_reason)));
     return remote_error("rank " + std::to_string(peer) + " failed: " + reason);
+  }
+  // Checked before liveness: a rank that closed may have exited since, and
+  // what it sent before is still in our FIFO.
+  if (s->closed.load(std::memory_order_acquire)) {
+    auto* c = static_cast<ShmConnection*>(conns_[peer].get());
+    if (!c) return Status::ok();
+    std::string why = c->closed_problem(peer);
+    return why.empty() ? Status::ok() : remote_error(why);
   }
   if (!process_alive(s->pid))
     return remote_error("rank " + std::to_string(peer) + " (pid " + std::to_string(s->pid) + " on " +

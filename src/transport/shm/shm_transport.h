@@ -34,6 +34,10 @@ class ShmTransport final : public Transport {
   void announce_abort(const std::string& reason) override;
   void wake_self() override;
 
+  // Bytes this process's senders wrote into receivers (shared single copy,
+  // LOOM_SHM_SHARED_COPY), for tests and diagnostics.
+  static uint64_t shared_copy_bytes();
+
   struct Segment;  // defined in the .cc
 
  private:
