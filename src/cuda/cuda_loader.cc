@@ -76,6 +76,16 @@ void CudaLoader::load_runtime(const std::string& path) {
     runtime_status_ = opened + " lacks " + missing + "; not used";
     return;
   }
+  std::string optional_missing;
+  resolve(lib, "cudaMemcpyAsync", rt_.memcpy_async, optional_missing);
+  resolve(lib, "cudaMallocHost", rt_.malloc_host, optional_missing);
+  resolve(lib, "cudaFreeHost", rt_.free_host, optional_missing);
+  rt_.stream_wait_value32 = reinterpret_cast<decltype(rt_.stream_wait_value32)>(dlsym(lib, "cuStreamWaitValue32_v2"));
+  if (rt_.stream_wait_value32 == nullptr) {
+    // The driver API lives in libcuda.so.1, which every CUDA runtime itself loads.
+    if (void* drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL))
+      rt_.stream_wait_value32 = reinterpret_cast<decltype(rt_.stream_wait_value32)>(dlsym(drv, "cuStreamWaitValue32_v2"));
+  }
   int n = 0;
   CudaError e = rt_.get_device_count(&n);
   if (e != kCudaSuccess || n <= 0) {
@@ -87,6 +97,8 @@ void CudaLoader::load_runtime(const std::string& path) {
   device_count_ = n;
   runtime_ok_ = true;
   runtime_status_ = opened + ": " + std::to_string(n) + " device(s)";
+  if (!optional_missing.empty()) runtime_status_ += " (no " + optional_missing + ": device buffers refused)";
+  if (rt_.stream_wait_value32 == nullptr) runtime_status_ += " (no cuStreamWaitValue32_v2: streams wait in host functions)";
 }
 
 void CudaLoader::load_nvml(const std::string& path) {

@@ -16,6 +16,7 @@
 // under INIT and is available as runtime_status() / nvml_status().
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace loom::cuda {
@@ -48,7 +49,20 @@ struct CudaRuntimeApi {
   CudaError (*pointer_get_attributes)(CudaPointerAttributes* attr, const void* ptr) = nullptr;
   CudaError (*launch_host_func)(CudaStream stream, CudaHostFn fn, void* user_data) = nullptr;
   const char* (*get_error_string)(CudaError err) = nullptr;
+  // Optional: without them the runtime still loads, but device buffers cannot
+  // be staged through host memory (the shim refuses them then).
+  CudaError (*memcpy_async)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream) = nullptr;
+  CudaError (*malloc_host)(void** ptr, size_t bytes) = nullptr;
+  CudaError (*free_host)(void* ptr) = nullptr;
+  // Optional, from the driver (cuStreamWaitValue32_v2; looked up in the
+  // runtime library, then libcuda.so.1): holds a stream until a 32-bit word
+  // in mapped host memory reaches a value, so a stream can wait for host work
+  // without a blocking host function.
+  int (*stream_wait_value32)(CudaStream stream, unsigned long long addr, unsigned value, unsigned flags) = nullptr;
+  bool can_stage() const { return memcpy_async != nullptr && malloc_host != nullptr && free_host != nullptr; }
 };
+inline constexpr int kCudaMemcpyDefault = 4;      // cudaMemcpyKind: direction from the pointers (UVA)
+inline constexpr unsigned kCuStreamWaitValueGeq = 0;  // CUstreamWaitValue_flags
 
 // ---- NVML ABI (nvml.h) -----------------------------------------------------
 using NvmlReturn = int;  // nvmlReturn_t, 0 = success

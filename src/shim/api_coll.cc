@@ -5,24 +5,30 @@
 // comm), run now and poll later (non-blocking comm), or record for GroupEnd.
 // Buffers are host memory. Without a usable CUDA runtime the stream argument
 // has no meaning and is ignored. With one (src/cuda/cuda_loader.h), device
-// buffers are refused (no CUDA memory backend yet) and the host op is ordered
-// on the stream: it is enqueued at once (so every rank's issue order is its
-// call order), held back by a StartGate until a host function launched on the
-// stream runs, and that host function then waits for the op, so the stream's
-// later work sees the result. The caller does not wait for the stream.
+// buffers are staged through pinned host memory (staging.h; refused when the
+// runtime lacks the functions for that) and the host op is ordered on the
+// stream: it is enqueued at once (so every rank's issue order is its call
+// order), held back by a StartGate until a host function launched on the
+// stream runs, and the stream then waits for the op (a flag word with
+// cuStreamWaitValue32, else that host function waits), so the stream's later
+// work sees the result. The caller does not wait for the stream.
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/comm_impl.h"
 #include "cuda/cuda_loader.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
+#include "shim/staging.h"
 
 using namespace loom;
 using namespace loom::shim;
@@ -58,6 +64,13 @@ struct StreamOp {
   std::vector<std::function<void()>> before;
   Completion done;           // a lone call: completed on the stream
   bool owns_completion = false;
+  // A group's calls on one stream share one StreamOp (one gate, one host
+  // function): a blocking host function per call would wait for the group's
+  // op while the stream still holds the gates of the calls after it.
+  bool gate_added = false;
+  bool launched = false;
+  // With cuStreamWaitValue32: the word the stream waits on (pinned, staging pool).
+  std::shared_ptr<StagingLease> flag;
 };
 
 // Runs on the stream's host-function thread when the stream reaches the call.
@@ -73,7 +86,73 @@ void stream_reached(void* arg) {
   if (!st.is_ok() && log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, "stream-ordered op failed: " + st.to_string());
 }
 
-Status launch_on_stream(const cuda::CudaRuntimeApi& rt, cudaStream_t stream, std::shared_ptr<StreamOp> so) {
+// Sets the word the stream waits on once the op (and a lone call's
+// completion steps) finished. Off the stream: host functions may not wait for
+// work that needs another stream's host function (CUDA may serialize them).
+void flag_when_finished(std::shared_ptr<StreamOp> so) {
+  Status st = so->gate->wait_finished();
+  if (so->owns_completion) {
+    Status cs = so->done.wait();
+    if (st.is_ok()) st = cs;
+  }
+  if (!st.is_ok() && log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, "stream-ordered op failed: " + st.to_string());
+  std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(so->flag->data())).store(1, std::memory_order_release);
+}
+
+// The host function of the flag path: start the op and return.
+void stream_reached_async(void* arg) {
+  std::unique_ptr<std::shared_ptr<StreamOp>> holder(static_cast<std::shared_ptr<StreamOp>*>(arg));
+  std::shared_ptr<StreamOp> so = *holder;
+  for (auto& f : so->before) f();
+  so->gate->open();
+  run_off_stream([so] { flag_when_finished(so); });
+}
+
+// Fallback when the driver refuses the wait: a host function that waits.
+void wait_flag(void* arg) {
+  std::unique_ptr<std::shared_ptr<StreamOp>> holder(static_cast<std::shared_ptr<StreamOp>*>(arg));
+  std::atomic_ref<uint32_t> word(*reinterpret_cast<uint32_t*>((*holder)->flag->data()));
+  while (word.load(std::memory_order_acquire) == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+// Puts the op on the stream: the stream starts it and waits for it, so the
+// stream's later work sees the result. With cuStreamWaitValue32 and pinned
+// memory the stream waits on a flag word (no host function blocks); else a
+// host function waits for the op (fine where each stream has its own
+// host-function thread).
+Status launch_on_stream(ncclComm* c, const cuda::CudaRuntimeApi& rt, cudaStream_t stream, std::shared_ptr<StreamOp> so) {
+  auto cs = reinterpret_cast<cuda::CudaStream>(stream);
+  if (rt.stream_wait_value32 != nullptr && rt.can_stage()) {
+    Result<std::shared_ptr<StagingLease>> flag = c->staging.get(rt)->take(sizeof(uint32_t));
+    if (flag.is_ok()) {
+      so->flag = flag.value();
+      auto* word = reinterpret_cast<uint32_t*>(so->flag->data());
+      std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
+      cuda::CudaPointerAttributes a;
+      unsigned long long addr = reinterpret_cast<uintptr_t>(word);
+      if (rt.pointer_get_attributes(&a, word) == cuda::kCudaSuccess && a.device_pointer != nullptr)
+        addr = reinterpret_cast<uintptr_t>(a.device_pointer);
+      auto* arg = new std::shared_ptr<StreamOp>(so);
+      cuda::CudaError e = rt.launch_host_func(cs, &stream_reached_async, arg);
+      if (e != cuda::kCudaSuccess) {
+        delete arg;
+        return internal_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
+      }
+      if (int r = rt.stream_wait_value32(cs, addr, 1, cuda::kCuStreamWaitValueGeq); r != 0) {
+        static std::once_flag warned;
+        std::call_once(warned, [r] {
+          if (log_enabled(LogLevel::kWarn))
+            log(LogLevel::kWarn, "cuStreamWaitValue32 failed (CUresult " + std::to_string(r) +
+                                     "); streams wait for ops in host functions instead");
+        });
+        auto* warg = new std::shared_ptr<StreamOp>(so);
+        if (rt.launch_host_func(cs, &wait_flag, warg) != cuda::kCudaSuccess) delete warg;
+      }
+      // The flag goes back to the pool only after the stream has read it.
+      (void)keep_until_passed(rt, cs, so->flag);
+      return Status::ok();
+    }
+  }
   auto* arg = new std::shared_ptr<StreamOp>(so);
   cuda::CudaError e = rt.launch_host_func(reinterpret_cast<cuda::CudaStream>(stream), &stream_reached, arg);
   if (e == cuda::kCudaSuccess) return Status::ok();
@@ -116,18 +195,22 @@ Status check_count(size_t count, DataType dt, size_t multiplier) {
 // Buffers must be host memory this process can read. Without CUDA a device
 // pointer would fault inside the engine; probing its first and last byte with
 // process_vm_readv (one syscall, no signal) turns that into an error.
-Status check_buffer(const void* p, size_t bytes, const char* name) {
+// Returns true for CUDA device memory the call can stage through host memory.
+Result<bool> check_buffer(const void* p, size_t bytes, const char* name) {
   if (p == nullptr) return invalid_argument(std::string(name) + " is NULL");
-  if (bytes == 0) return Status::ok();
+  if (bytes == 0) return false;
   if (const cuda::CudaRuntimeApi* rt = cuda_runtime()) {
     // Host, managed and unregistered (plain malloc) memory run on the host
     // engine; an error means the runtime does not know the pointer: host.
     cuda::CudaPointerAttributes a;
-    if (rt->pointer_get_attributes(&a, p) == cuda::kCudaSuccess && a.type == cuda::CudaMemoryType::kDevice)
+    if (rt->pointer_get_attributes(&a, p) == cuda::kCudaSuccess && a.type == cuda::CudaMemoryType::kDevice) {
+      if (rt->can_stage()) return true;
       return invalid_argument(std::string(name) + " " + fmt_ptr(p) + " is CUDA device memory (device " +
                               std::to_string(a.device) +
                               "); this Loom runs collectives on host buffers only: device buffers need the "
-                              "CUDA memory backend, which is not built yet");
+                               "CUDA memory backend, which is not built yet (this CUDA runtime lacks "
+                              "cudaMemcpyAsync/cudaMallocHost/cudaFreeHost for staging)");
+    }
   }
   char probe[2];
   iovec local{probe, sizeof probe};
@@ -137,7 +220,55 @@ Status check_buffer(const void* p, size_t bytes, const char* name) {
     return invalid_argument(std::string(name) + " " + fmt_ptr(p) + " (" + std::to_string(bytes) +
                             " bytes) is not readable host memory; a device pointer? This "
                             "libnccl has no CUDA support");
-  return Status::ok();  // other errors (EPERM, ENOSYS under seccomp): no probe
+  return false;  // other errors (EPERM, ENOSYS under seccomp): no probe
+}
+
+// One user buffer of a call; unused ones (a non-root's recvbuff) are not checked.
+struct Use {
+  const void* p = nullptr;
+  size_t bytes = 0;
+  const char* name = "";
+  bool used = false;
+};
+
+// Checks a call's buffers and stages the device ones: `send` (read) and
+// `recv` (written) are replaced by their host copies. `plan` stays null when
+// nothing is staged. A device PreMulSum scalar is staged too.
+Status stage_buffers(ncclComm* c, const void*& send, void*& recv, const Use& su, const Use& ru,
+                     std::shared_ptr<StagePlan>& plan, std::optional<PreMulOp>* pm = nullptr) {
+  bool any = false;
+  if (su.used) {
+    LOOM_ASSIGN_OR_RETURN(bool dev, check_buffer(su.p, su.bytes, su.name));
+    any |= dev;
+  }
+  if (ru.used) {
+    LOOM_ASSIGN_OR_RETURN(bool dev, check_buffer(ru.p, ru.bytes, ru.name));
+    any |= dev;
+  }
+  const cuda::CudaRuntimeApi* rt = cuda_runtime();
+  const bool device_scalar = pm != nullptr && pm->has_value() && !(*pm)->immediate && rt != nullptr &&
+                             rt->can_stage();
+  if (!any && !device_scalar) return Status::ok();
+  auto p = std::make_shared<StagePlan>(*rt, c->staging.get(*rt));
+  // The larger buffer first: an in-place smaller one then shares its copy.
+  const bool send_first = !ru.used || (su.used && su.bytes >= ru.bytes);
+  for (int i = 0; i < 2; ++i) {
+    if ((i == 0) == send_first) {
+      if (!su.used) continue;
+      LOOM_ASSIGN_OR_RETURN(void* h, p->map(su.p, su.bytes, true, false));
+      send = h;
+    } else {
+      if (!ru.used) continue;
+      LOOM_ASSIGN_OR_RETURN(void* h, p->map(ru.p, ru.bytes, false, true));
+      recv = h;
+    }
+  }
+  if (device_scalar) {
+    LOOM_ASSIGN_OR_RETURN(void* h, p->map((*pm)->pointer, dtype_size((*pm)->dtype), true, false));
+    (*pm)->pointer = h;
+  }
+  if (!p->empty()) plan = std::move(p);
+  return Status::ok();
 }
 
 Status check_rank(const ncclComm* c, int r, const char* what) {
@@ -175,7 +306,40 @@ Status add_work(Result<Work> w, Completion& done) {
 // `so` is the call's stream state, null when the stream is ignored.
 using Issue = std::function<Status(Comm&, Completion&, StreamOp*)>;
 
-Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issue issue) {
+// The StreamOp a group's call on (comm, stream) joins: one per pair and group.
+std::shared_ptr<StreamOp> group_stream_op(ncclComm* c, cudaStream_t stream) {
+  struct Entry {
+    ncclComm* comm;
+    cudaStream_t stream;
+    std::weak_ptr<StreamOp> so;
+  };
+  thread_local std::vector<Entry> open_ops;
+  // Launched (issued by an earlier GroupEnd) or dropped (a discarded group): done.
+  std::erase_if(open_ops, [](const Entry& e) {
+    auto so = e.so.lock();
+    return so == nullptr || so->launched;
+  });
+  for (const Entry& e : open_ops)
+    if (e.comm == c && e.stream == stream) return e.so.lock();
+  auto so = std::make_shared<StreamOp>();
+  open_ops.push_back({c, stream, so});
+  return so;
+}
+
+// Copies out what the op wrote (when it ran) and gives the staging back once
+// the stream is past the copies.
+void finish_plan(const std::shared_ptr<StagePlan>& plan, cudaStream_t stream, bool ran) {
+  if (plan == nullptr) return;
+  auto cs = reinterpret_cast<cuda::CudaStream>(stream);
+  if (ran) {
+    if (Status s = plan->enqueue_copy_out(cs); !s.is_ok() && log_enabled(LogLevel::kWarn))
+      log(LogLevel::kWarn, s.to_string());
+  }
+  (void)plan->enqueue_release(cs, plan);
+}
+
+Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issue issue,
+           std::shared_ptr<StagePlan> plan = nullptr) {
   PendingOp op;
   op.coll = coll;
   op.bytes = bytes;
@@ -184,24 +348,49 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     op.issue = [issue = std::move(issue)](Comm& lc, Completion& done) { return issue(lc, done, nullptr); };
     return submit(c, std::move(op));
   }
-  auto so = std::make_shared<StreamOp>();
+  auto cs = reinterpret_cast<cuda::CudaStream>(stream);
   if (in_group()) {
-    // Issued at GroupEnd (group.cc), inside the group's one loom op: the host
-    // function goes on the stream then, and the group's op waits for it.
-    // GroupEnd completes the group as for host calls.
-    op.issue = [issue = std::move(issue), so, stream, rt](Comm& lc, Completion& done) -> Status {
-      lc.impl()->add_start_gate(so->gate);
+    // Issued at GroupEnd (group.cc), inside the group's one loom op. Each
+    // call's copies in go on the stream as it is issued; after the batch
+    // (after_batch) each (comm, stream) gets its one host function, then the
+    // calls' copies out. GroupEnd completes the group as for host calls.
+    auto so = group_stream_op(c, stream);
+    auto issued = std::make_shared<bool>(false);
+    op.issue = [issue = std::move(issue), so, plan, cs, issued](Comm& lc, Completion& done) -> Status {
+      if (plan != nullptr) LOOM_RETURN_IF_ERROR(plan->enqueue_copy_in(cs));
+      if (!so->gate_added) {
+        lc.impl()->add_start_gate(so->gate);
+        so->gate_added = true;
+      }
       Status st = issue(lc, done, so.get());
-      if (st.is_ok()) st = launch_on_stream(*rt, stream, so);
-      if (!st.is_ok()) so->gate->open();  // never leave the group's op waiting
+      *issued = st.is_ok();
       return st;
+    };
+    op.after_batch = [so, plan, c, stream, rt, issued](const Status& batch) {
+      if (so->gate_added && !so->launched) {
+        so->launched = true;
+        if (Status ls = launch_on_stream(c, *rt, stream, so); !ls.is_ok()) {
+          record_error(c, ls);
+          for (auto& f : so->before) f();
+          so->gate->open();  // never leave the group's op waiting
+        }
+      }
+      so->launched = true;
+      finish_plan(plan, stream, batch.is_ok() && *issued);
     };
     return submit(c, std::move(op));
   }
+  auto so = std::make_shared<StreamOp>();
   op.issue = [issue = std::move(issue), so](Comm& lc, Completion& done) {
     lc.impl()->add_start_gate(so->gate);
     return issue(lc, done, so.get());
   };
+  if (plan != nullptr) {
+    if (Status ci = plan->enqueue_copy_in(cs); !ci.is_ok()) {
+      finish_plan(plan, stream, false);
+      return ci;
+    }
+  }
   std::vector<PendingOp> one;
   one.push_back(std::move(op));
   Completion done;
@@ -210,24 +399,27 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     c->comm->impl()->drop_start_gates(st);
     so->gate->open();  // a partly enqueued call (Gather/Scatter) must not wait for a stream
     (void)done.wait();
+    finish_plan(plan, stream, false);
     return st;
   }
   so->done = std::move(done);
   so->owns_completion = true;
-  if (Status ls = launch_on_stream(*rt, stream, so); !ls.is_ok()) {
+  if (Status ls = launch_on_stream(c, *rt, stream, so); !ls.is_ok()) {
     // The op is enqueued on every rank: let it run now, unordered, and say so.
     for (auto& f : so->before) f();
     so->gate->open();
     (void)so->gate->wait_finished();
     (void)so->done.wait();
+    finish_plan(plan, stream, true);
     return ls;
   }
+  finish_plan(plan, stream, true);
   return Status::ok();
 }
 
 // Gather and Scatter have no loom collective: point-to-point in one loom
 // group; the root's own block moves by memcpy once the group has finished.
-Status rooted_p2p(Comm& lc, Completion& done, int rank, int nranks, int root, size_t count,
+Status rooted_p2p(Comm& lc, Completion& done, StreamOp* so, int rank, int nranks, int root, size_t count,
                   DataType dt, const std::byte* send, std::byte* recv, bool gather) {
   const size_t bytes = count * dtype_size(dt);
   if (nranks > 1) {
@@ -248,7 +440,13 @@ Status rooted_p2p(Comm& lc, Completion& done, int rank, int nranks, int root, si
   if (rank == root) {
     const std::byte* from = gather ? send : send + root * bytes;
     std::byte* to = gather ? recv + root * bytes : recv;
-    if (from != to) done.after.push_back([from, to, bytes] { std::memmove(to, from, bytes); });
+    // The root's own block needs nothing from the peers. On a stream it moves
+    // when the stream reaches the call (after the stream's writes to `send`,
+    // staging copies included, and before the copies out).
+    if (from != to) {
+      if (so != nullptr) so->before.push_back([from, to, bytes] { std::memmove(to, from, bytes); });
+      else done.after.push_back([from, to, bytes] { std::memmove(to, from, bytes); });
+    }
   }
   return Status::ok();
 }
@@ -264,13 +462,15 @@ extern "C" ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, siz
     LOOM_ASSIGN_OR_RETURN(ResolvedOp ro, resolve_op(c, op, dt));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
+    const size_t n = count * dtype_size(dt);
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+                                       {recvbuff, n, "recvbuff", true}, plan, &ro.premul));
     return run(c, stream, Collective::kAllReduce, count * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
                  const void* in = reduction_input(sendbuff, count, dt, ro.premul, done, so);
                  return add_work(lc.allreduce(in, recvbuff, count, dt, ro.op), done);
-               });
+               }, plan);
   });
 }
 
@@ -284,12 +484,14 @@ extern "C" ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t
     LOOM_RETURN_IF_ERROR(check_rank(c, root, "root"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
-    if (c->rank == root) LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff (at root)"));
+    const size_t n = count * dtype_size(dt);
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+                                       {recvbuff, n, "recvbuff (at root)", c->rank == root}, plan, &ro.premul));
     return run(c, stream, Collective::kReduce, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       const void* in = reduction_input(sendbuff, count, dt, ro.premul, done, so);
       return add_work(lc.reduce(in, recvbuff, count, dt, ro.op, root), done);
-    });
+    }, plan);
   });
 }
 
@@ -303,13 +505,14 @@ extern "C" ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff,
     const size_t p = static_cast<size_t>(c->nranks);
     LOOM_RETURN_IF_ERROR(check_count(recvcount, dt, p));
     if (recvcount == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, recvcount * p * dtype_size(dt), "sendbuff"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, recvcount * dtype_size(dt), "recvbuff"));
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, recvcount * p * dtype_size(dt), "sendbuff", true},
+                                       {recvbuff, recvcount * dtype_size(dt), "recvbuff", true}, plan, &ro.premul));
     return run(c, stream, Collective::kReduceScatter, recvcount * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
                  const void* in = reduction_input(sendbuff, recvcount * p, dt, ro.premul, done, so);
                  return add_work(lc.reduce_scatter(in, recvbuff, recvcount, dt, ro.op), done);
-               });
+               }, plan);
   });
 }
 
@@ -321,12 +524,13 @@ extern "C" ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, siz
     const size_t p = static_cast<size_t>(c->nranks);
     LOOM_RETURN_IF_ERROR(check_count(sendcount, dt, p));
     if (sendcount == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, sendcount * dtype_size(dt), "sendbuff"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, sendcount * p * dtype_size(dt), "recvbuff"));
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, sendcount * dtype_size(dt), "sendbuff", true},
+                                       {recvbuff, sendcount * p * dtype_size(dt), "recvbuff", true}, plan));
     return run(c, stream, Collective::kAllGather, sendcount * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
                  return add_work(lc.all_gather(sendbuff, recvbuff, sendcount, dt), done);
-               });
+               }, plan);
   });
 }
 
@@ -339,11 +543,13 @@ extern "C" ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, siz
     LOOM_RETURN_IF_ERROR(check_rank(c, root, "root"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
-    if (c->rank == root) LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff (at root)"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
+    const size_t n = count * dtype_size(dt);
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff (at root)", c->rank == root},
+                                       {recvbuff, n, "recvbuff", true}, plan));
     return run(c, stream, Collective::kBroadcast, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.broadcast(sendbuff, recvbuff, count, dt, root), done);
-    });
+    }, plan);
   });
 }
 
@@ -360,12 +566,14 @@ extern "C" ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size
     const size_t p = static_cast<size_t>(c->nranks);
     LOOM_RETURN_IF_ERROR(check_count(count, dt, p));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * p * dtype_size(dt), "sendbuff"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * p * dtype_size(dt), "recvbuff"));
+    const size_t n = count * p * dtype_size(dt);
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+                                       {recvbuff, n, "recvbuff", true}, plan));
     return run(c, stream, Collective::kAllToAll, count * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
                  return add_work(lc.all_to_all(sendbuff, recvbuff, count, dt), done);
-               });
+               }, plan);
   });
 }
 
@@ -378,15 +586,17 @@ extern "C" ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t
     LOOM_RETURN_IF_ERROR(check_rank(c, root, "root"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, static_cast<size_t>(c->nranks)));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
-    if (c->rank == root)
-      LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * c->nranks * dtype_size(dt), "recvbuff (at root)"));
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, count * dtype_size(dt), "sendbuff", true},
+                                       {recvbuff, count * c->nranks * dtype_size(dt), "recvbuff (at root)",
+                                        c->rank == root},
+                                       plan));
     const int rank = c->rank, nranks = c->nranks;
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
-      return rooted_p2p(lc, done, rank, nranks, root, count, dt,
+      return rooted_p2p(lc, done, so, rank, nranks, root, count, dt,
                         static_cast<const std::byte*>(sendbuff), static_cast<std::byte*>(recvbuff),
                         true);
-    });
+    }, plan);
   });
 }
 
@@ -399,15 +609,17 @@ extern "C" ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_
     LOOM_RETURN_IF_ERROR(check_rank(c, root, "root"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, static_cast<size_t>(c->nranks)));
     if (count == 0) return Status::ok();
-    if (c->rank == root)
-      LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * c->nranks * dtype_size(dt), "sendbuff (at root)"));
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff,
+                                       {sendbuff, count * c->nranks * dtype_size(dt), "sendbuff (at root)",
+                                        c->rank == root},
+                                       {recvbuff, count * dtype_size(dt), "recvbuff", true}, plan));
     const int rank = c->rank, nranks = c->nranks;
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
-      return rooted_p2p(lc, done, rank, nranks, root, count, dt,
+      return rooted_p2p(lc, done, so, rank, nranks, root, count, dt,
                         static_cast<const std::byte*>(sendbuff), static_cast<std::byte*>(recvbuff),
                         false);
-    });
+    }, plan);
   });
 }
 
@@ -419,10 +631,13 @@ extern "C" ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataTy
     LOOM_RETURN_IF_ERROR(check_rank(c, peer, "peer"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(sendbuff, count * dtype_size(dt), "sendbuff"));
+    void* unused = nullptr;
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, unused, {sendbuff, count * dtype_size(dt), "sendbuff", true}, {},
+                                       plan));
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.send(sendbuff, count, dt, peer), done);
-    });
+    }, plan);
   });
 }
 
@@ -434,10 +649,13 @@ extern "C" ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t d
     LOOM_RETURN_IF_ERROR(check_rank(c, peer, "peer"));
     LOOM_RETURN_IF_ERROR(check_count(count, dt, 1));
     if (count == 0) return Status::ok();
-    LOOM_RETURN_IF_ERROR(check_buffer(recvbuff, count * dtype_size(dt), "recvbuff"));
+    const void* unused = nullptr;
+    std::shared_ptr<StagePlan> plan;
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, unused, recvbuff, {}, {recvbuff, count * dtype_size(dt), "recvbuff", true},
+                                       plan));
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.recv(recvbuff, count, dt, peer), done);
-    });
+    }, plan);
   });
 }
 

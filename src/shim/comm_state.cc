@@ -86,7 +86,19 @@ std::shared_future<Status> start_creation(ncclComm* comm,
   return done;
 }
 
+namespace {
+Status issue_ops(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done);
+}  // namespace
+
 Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done) {
+  Status st = issue_ops(comm, ops, done);
+  for (PendingOp& op : ops)
+    if (op.after_batch) op.after_batch(st);
+  return st;
+}
+
+namespace {
+Status issue_ops(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done) {
   Comm& lc = *comm->comm;
   if (ops.size() == 1) {
     // A lone operation needs no loom group; its own Work is the completion.
@@ -108,6 +120,7 @@ Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done
   done.add(w.value());
   return Status::ok();
 }
+}  // namespace
 
 Status settle(ncclComm* comm, Completion done) {
   if (comm->blocking) {

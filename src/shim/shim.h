@@ -8,6 +8,7 @@
 //   api_init.cc  communicator lifecycle (init, split, shrink, teardown)
 //   api_misc.cc  version, errors, queries, memory, registration, windows
 //   api_coll.cc  collectives, send/recv, PreMulSum operators
+//   staging.cc   CUDA device buffers staged through pinned host memory
 //   premul.cc    scaling kernels for PreMulSum (all 12 data types)
 //   alias.h      nccl* weak aliases of the pnccl* implementations
 //
@@ -31,6 +32,7 @@
 #include "loom/status.h"
 #include "loom/types.h"
 #include "nccl.h"
+#include "shim/staging.h"
 
 namespace loom::shim {
 
@@ -60,6 +62,10 @@ struct PendingOp {
   Collective coll = Collective::kAllReduce;
   size_t bytes = 0;  // payload per rank
   std::function<Status(Comm&, Completion&)> issue;
+  // Optional: called by issue_batch once the whole batch was issued (or
+  // failed, with its status), in batch order; for stream work that must
+  // follow every call of the batch (api_coll.cc, CUDA streams).
+  std::function<void(const Status&)> after_batch;
 };
 
 // A PreMulSum operator made by ncclRedOpCreatePreMulSum.
@@ -109,6 +115,9 @@ struct ncclComm {
   bool finalized = false;
   std::map<void*, std::unique_ptr<ncclWindow_vidmem>> registrations;  // by handle
   std::vector<std::optional<loom::shim::PreMulOp>> premul_ops;
+  // Pinned host buffers for staging CUDA device buffers (staging.h); last
+  // member, so freed after everything else.
+  loom::shim::StagingRef staging;
 };
 
 namespace loom::shim {

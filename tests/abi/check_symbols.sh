@@ -19,6 +19,19 @@ fi
 # type and the function name (comments never do).
 declared=$(grep -E '^[[:space:]]*(ncclResult_t|const char[[:space:]]*\*|void)[[:space:]]*p?nccl[A-Za-z0-9_]*[[:space:]]*\(' "$header" |
            grep -oE 'p?nccl[A-Za-z0-9_]*[[:space:]]*\(' | sed -E 's/[[:space:]]*\($//' | sort -u)
+# NCCL 2.28 also exports the host side of its device API, declared in
+# nccl_device/*.h beside nccl.h as `NCCL_EXTERN_C __host__ <type> name(`;
+# programs built against 2.28 (PyTorch 2.11) reference them.
+devdir="$(dirname "$header")/nccl_device"
+if [[ -d "$devdir" ]]; then
+  device_decl=$(grep -hE 'NCCL_EXTERN_C[[:space:]]+__host__[[:space:]]' "$devdir"/*.h |
+                grep -oE 'nccl[A-Za-z0-9_]*[[:space:]]*\(' | sed -E 's/[[:space:]]*\($//' | sort -u)
+  if (( $(wc -w <<<"$device_decl") < 5 )); then
+    echo "FAIL: found only $(wc -w <<<"$device_decl") host functions in $devdir"; fail=1
+  fi
+  for f in $device_decl; do declared+=$'\n'"$f"$'\n'"p$f"; done
+  declared=$(sort -u <<<"$declared")
+fi
 count=$(wc -w <<<"$declared")
 if (( count < 80 )); then
   echo "FAIL: found only $count functions in $header"; fail=1

@@ -49,6 +49,26 @@ static_assert(std::is_same_v<decltype(&cudaPointerGetAttributes),
 static_assert(std::is_same_v<decltype(&cudaLaunchHostFunc), cudaError_t (*)(cudaStream_t, cudaHostFn_t, void*)>);
 static_assert(std::is_same_v<decltype(&cudaGetErrorString), const char* (*)(cudaError_t)>);
 static_assert(std::is_same_v<cudaHostFn_t, void (*)(void*)>);
+// The optional staging entries (kind is cudaMemcpyKind, an int-sized enum).
+static_assert(std::is_same_v<decltype(&cudaMemcpyAsync),
+                             cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)>);
+static_assert(sizeof(cudaMemcpyKind) == sizeof(int));
+static_assert(cudaMemcpyDefault == lc::kCudaMemcpyDefault);
+static_assert(std::is_same_v<decltype(&cudaFreeHost), cudaError_t (*)(void*)>);
+static_assert(std::is_same_v<decltype(static_cast<cudaError_t (*)(void**, size_t)>(&cudaMallocHost)),
+                             cudaError_t (*)(void**, size_t)>);
+#if defined(__has_include)
+#if __has_include(<cuda.h>)
+#include <cuda.h>
+// cuStreamWaitValue32_v2: CUresult, CUstream (== cudaStream_t), CUdeviceptr, cuuint32_t.
+static_assert(std::is_same_v<decltype(&cuStreamWaitValue32_v2),
+                             CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int)>);
+static_assert(sizeof(CUresult) == sizeof(int));
+static_assert(sizeof(CUdeviceptr) == sizeof(unsigned long long));
+static_assert(sizeof(cuuint32_t) == sizeof(unsigned));
+static_assert(CU_STREAM_WAIT_VALUE_GEQ == lc::kCuStreamWaitValueGeq);
+#endif
+#endif
 static_assert(std::is_same_v<lc::CudaHostFn, void (*)(void*)>);
 
 #if defined(__has_include)

@@ -1,8 +1,13 @@
 // A mock libcudart.so with the functions Loom resolves (src/cuda/cuda_loader.cc)
 // plus what tests need to drive it: streams that really run their work in
 // order on a worker thread each, "device" allocations, and
-// loom_mock_stream_enqueue_copy to put a delayed memory copy on a stream.
+// loom_mock_stream_enqueue_copy to put a delayed memory copy on a stream,
+// cudaMemcpyAsync / cudaMallocHost / cudaFreeHost (with allocation counters)
+// and cuStreamWaitValue32_v2 for the shim's staging of device buffers: those
+// only in the build with LOOM_MOCK_STAGING (loom_mock_cudart_staging); the
+// plain build is a runtime without them.
 // The device list is that of LOOM_MOCK_GPUS (mock_gpus.h).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -218,6 +223,56 @@ CudaError cudaFree(void* p) {
   std::free(p);
   return 0;
 }
+
+#ifdef LOOM_MOCK_STAGING
+// Enqueued on the stream's worker; `kind` is ignored (every "device" pointer
+// is host memory here), which cudaMemcpyDefault also leaves to the pointers.
+CudaError cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, CudaStream stream) {
+  MockStream* s = stream_of(stream);
+  if (s == nullptr || kind < 0 || kind > 4) return kInvalidValue;
+  s->enqueue([=] { std::memcpy(dst, src, bytes); });
+  return 0;
+}
+
+// Pinned host memory: counted, so tests see the shim's staging pool reuse
+// and free its buffers.
+std::atomic<long> g_host_live{0}, g_host_total{0};
+
+CudaError cudaMallocHost(void** p, size_t bytes) {
+  *p = std::malloc(bytes == 0 ? 1 : bytes);
+  if (*p == nullptr) return 2;
+  g_host_live.fetch_add(1);
+  g_host_total.fetch_add(1);
+  return 0;
+}
+
+CudaError cudaFreeHost(void* p) {
+  if (p == nullptr) return 0;
+  g_host_live.fetch_sub(1);
+  std::free(p);
+  return 0;
+}
+
+long loom_mock_host_allocs_live() { return g_host_live.load(); }
+long loom_mock_host_allocs_total() { return g_host_total.load(); }
+
+// cuStreamWaitValue32_v2 (driver API, looked up in the runtime library
+// first): the stream's worker polls the word until it reaches `value`
+// (flags 0 = GEQ, the only form Loom uses). LOOM_MOCK_WAIT_VALUE_FAILS=1
+// makes it fail (CUDA_ERROR_NOT_SUPPORTED), for the host-function fallback.
+int cuStreamWaitValue32_v2(CudaStream stream, unsigned long long addr, unsigned value, unsigned flags) {
+  const char* fails = std::getenv("LOOM_MOCK_WAIT_VALUE_FAILS");
+  if (fails != nullptr && fails[0] == '1') return 801;
+  MockStream* s = stream_of(stream);
+  if (s == nullptr || flags != 0 || addr == 0) return 1;
+  auto* word = reinterpret_cast<unsigned*>(static_cast<uintptr_t>(addr));
+  s->enqueue([word, value] {
+    std::atomic_ref<unsigned> w(*word);
+    while (w.load(std::memory_order_acquire) < value) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  });
+  return 0;
+}
+#endif
 
 // Test-only: after the stream's prior work, sleep delay_ms, then copy
 // `bytes` from src to dst (read when the copy runs, like cudaMemcpyAsync).

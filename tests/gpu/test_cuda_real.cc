@@ -1,0 +1,253 @@
+// The shim's staged device-buffer path and topology discovery against the
+// real CUDA runtime and a real GPU: two ranks as threads on device 0, device
+// buffers from cudaMalloc, stream order through cudaMemsetAsync /
+// cudaMemcpyAsync on the caller's stream. Skipped (with the loader's reason)
+// where no runtime sees a device. Nothing links CUDA: the runtime is opened
+// with dlopen, like src/cuda/cuda_loader.cc does. Also prints (does not
+// assert) staged allreduce bus bandwidth for the record.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_loader.h"
+#include "cuda/gpu_info.h"
+#include "nccl.h"
+#include "topology/discover.h"
+
+namespace {
+
+using loom::cuda::CudaLoader;
+
+constexpr int kRanks = 2;
+constexpr int kD2D = 3, kH2D = 1, kD2H = 2;  // cudaMemcpyKind
+
+// The runtime functions the test itself needs, from the library the shim uses.
+struct Rt {
+  void* lib = nullptr;
+  int (*set_device)(int) = nullptr;
+  int (*malloc_dev)(void**, size_t) = nullptr;
+  int (*free_dev)(void*) = nullptr;
+  int (*memset_async)(void*, int, size_t, cudaStream_t) = nullptr;
+  int (*memcpy)(void*, const void*, size_t, int) = nullptr;
+  int (*memcpy_async)(void*, const void*, size_t, int, cudaStream_t) = nullptr;
+  int (*stream_create)(cudaStream_t*) = nullptr;
+  int (*stream_sync)(cudaStream_t) = nullptr;
+  int (*stream_destroy)(cudaStream_t) = nullptr;
+  int (*device_count)(int*) = nullptr;
+  int (*pci_bus_id)(char*, int, int) = nullptr;
+  int (*attribute)(int*, int, int) = nullptr;
+  std::string why;  // empty when usable
+
+  Rt() {
+    const CudaLoader& loader = CudaLoader::get();
+    if (loader.runtime() == nullptr) {
+      why = "no usable CUDA runtime / GPU: " + loader.runtime_status();
+      return;
+    }
+    std::vector<std::string> names;
+    if (const char* p = std::getenv("LOOM_CUDART_LIBRARY"); p != nullptr && *p != '\0') names = {p};
+    else names = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    for (const auto& n : names)
+      if ((lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (lib == nullptr) {
+      why = "cannot dlopen the CUDA runtime";
+      return;
+    }
+    bool ok = true;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr) {
+        ok = false;
+        why += std::string(why.empty() ? "missing " : ", ") + name;
+      }
+    };
+    get(set_device, "cudaSetDevice");
+    get(malloc_dev, "cudaMalloc");
+    get(free_dev, "cudaFree");
+    get(memset_async, "cudaMemsetAsync");
+    get(memcpy, "cudaMemcpy");
+    get(memcpy_async, "cudaMemcpyAsync");
+    get(stream_create, "cudaStreamCreate");
+    get(stream_sync, "cudaStreamSynchronize");
+    get(stream_destroy, "cudaStreamDestroy");
+    get(device_count, "cudaGetDeviceCount");
+    get(pci_bus_id, "cudaDeviceGetPCIBusId");
+    get(attribute, "cudaDeviceGetAttribute");
+    if (ok && !loader.runtime()->can_stage()) why = "the runtime cannot stage device buffers";
+  }
+  bool usable() const { return why.empty(); }
+};
+
+Rt& rt() {
+  static Rt r;
+  return r;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!rt().usable()) GTEST_SKIP() << rt().why
+
+// Runs body(rank, comm, stream) on kRanks threads, one communicator each on device 0.
+void with_ranks(const std::function<void(int, ncclComm_t, cudaStream_t)>& body) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < kRanks; ++r)
+    ts.emplace_back([&, r] {
+      ASSERT_EQ(rt().set_device(0), 0);
+      ncclComm_t c = nullptr;
+      ASSERT_EQ(ncclCommInitRank(&c, kRanks, id, r), ncclSuccess) << ncclGetLastError(nullptr);
+      cudaStream_t s = nullptr;
+      ASSERT_EQ(rt().stream_create(&s), 0);
+      body(r, c, s);
+      EXPECT_EQ(rt().stream_sync(s), 0);
+      EXPECT_EQ(rt().stream_destroy(s), 0);
+      EXPECT_EQ(ncclCommDestroy(c), ncclSuccess) << ncclGetLastError(c);
+    });
+  for (auto& t : ts) t.join();
+}
+
+struct Dev {
+  void* p = nullptr;
+  size_t bytes;
+  explicit Dev(size_t b) : bytes(b) { EXPECT_EQ(rt().malloc_dev(&p, b), 0); }
+  ~Dev() { (void)rt().free_dev(p); }
+  int* i() const { return static_cast<int*>(p); }
+  std::vector<int> read() const {
+    std::vector<int> h(bytes / sizeof(int));
+    EXPECT_EQ(rt().memcpy(h.data(), p, bytes, kD2H), 0);
+    return h;
+  }
+  void write(const std::vector<int>& h) { EXPECT_EQ(rt().memcpy(p, h.data(), h.size() * sizeof(int), kH2D), 0); }
+};
+
+// cudaMemsetAsync(byte b) makes every int32 b * 0x01010101.
+constexpr int pattern(int byte) { return byte * 0x01010101; }
+
+TEST(CudaReal, AllReduceIsOrderedOnTheStream) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1 << 20;
+  with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+    Dev send(n * 4), recv(n * 4), after(n * 4);
+    send.write(std::vector<int>(n, -1));  // stale until the memset on the stream
+    ASSERT_EQ(rt().memset_async(send.p, r + 1, n * 4, s), 0);
+    ASSERT_EQ(ncclAllReduce(send.p, recv.p, n, ncclInt32, ncclSum, c, s), ncclSuccess) << ncclGetLastError(c);
+    ASSERT_EQ(rt().memcpy_async(after.p, recv.p, n * 4, kD2D, s), 0);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    std::vector<int> h = after.read();
+    EXPECT_EQ(h[0], pattern(1) + pattern(2));
+    EXPECT_EQ(h[n - 1], pattern(1) + pattern(2));
+    // In place, twice in a row without a sync in between.
+    ASSERT_EQ(ncclAllReduce(recv.p, recv.p, n, ncclInt32, ncclSum, c, s), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(recv.p, recv.p, n, ncclInt32, ncclSum, c, s), ncclSuccess);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    h = recv.read();
+    EXPECT_EQ(h[n / 2], 4 * (pattern(1) + pattern(2)));
+  });
+}
+
+TEST(CudaReal, AllGatherReduceScatterBroadcast) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100000;
+  with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+    Dev small(n * 4), big(n * 4 * kRanks);
+    ASSERT_EQ(rt().memset_async(small.p, 10 + r, n * 4, s), 0);
+    ASSERT_EQ(ncclAllGather(small.p, big.p, n, ncclInt32, c, s), ncclSuccess) << ncclGetLastError(c);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    std::vector<int> h = big.read();
+    for (int b = 0; b < kRanks; ++b) {
+      EXPECT_EQ(h[b * n], pattern(10 + b)) << "block " << b;
+      EXPECT_EQ(h[b * n + n - 1], pattern(10 + b)) << "block " << b;
+    }
+    // ReduceScatter of the gathered data: block r summed over ranks.
+    ASSERT_EQ(ncclReduceScatter(big.p, small.p, n, ncclInt32, ncclSum, c, s), ncclSuccess);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    h = small.read();
+    EXPECT_EQ(h[0], kRanks * pattern(10 + r));
+    EXPECT_EQ(h[n - 1], kRanks * pattern(10 + r));
+    // Broadcast from rank 1, in place.
+    ASSERT_EQ(rt().memset_async(small.p, 30 + r, n * 4, s), 0);
+    ASSERT_EQ(ncclBroadcast(small.p, small.p, n, ncclInt32, 1, c, s), ncclSuccess);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    h = small.read();
+    EXPECT_EQ(h[0], pattern(31));
+    EXPECT_EQ(h[n - 1], pattern(31));
+  });
+}
+
+TEST(CudaReal, SendRecvInAGroup) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 65536;
+  with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+    Dev send(n * 4), recv(n * 4);
+    ASSERT_EQ(rt().memset_async(send.p, 50 + r, n * 4, s), 0);
+    const int peer = 1 - r;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclSend(send.p, n, ncclInt32, peer, c, s), ncclSuccess);
+    ASSERT_EQ(ncclRecv(recv.p, n, ncclInt32, peer, c, s), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(c);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    std::vector<int> h = recv.read();
+    EXPECT_EQ(h[0], pattern(50 + peer));
+    EXPECT_EQ(h[n - 1], pattern(50 + peer));
+  });
+}
+
+TEST(CudaReal, TopologyMatchesTheRuntime) {
+  SKIP_WITHOUT_GPU();
+  int count = 0;
+  ASSERT_EQ(rt().device_count(&count), 0);
+  loom::topo::DiscoverOptions opt;
+  opt.cuda = &CudaLoader::get();
+  auto r = loom::topo::discover_topology(opt);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const auto& g = r.value().graph;
+  if (CudaLoader::get().nvml() == nullptr) GTEST_SKIP() << "no NVML: " << CudaLoader::get().nvml_status();
+  ASSERT_EQ(g.count(loom::topo::NodeType::kGpu), count);
+  for (int id : g.nodes_of(loom::topo::NodeType::kGpu)) {
+    const auto& node = g.nodes[static_cast<size_t>(id)];
+    ASSERT_GE(node.index, 0);
+    char bus[64] = {};
+    ASSERT_EQ(rt().pci_bus_id(bus, sizeof bus, node.index), 0);
+    EXPECT_EQ(node.busid, loom::cuda::normalize_gpu_busid(bus)) << "device " << node.index;
+    int major = 0, minor = 0;
+    ASSERT_EQ(rt().attribute(&major, loom::cuda::kCudaDevAttrComputeCapabilityMajor, node.index), 0);
+    ASSERT_EQ(rt().attribute(&minor, loom::cuda::kCudaDevAttrComputeCapabilityMinor, node.index), 0);
+    EXPECT_EQ(node.sm, major * 10 + minor) << "device " << node.index;
+    std::printf("GPU %d %s sm%d\n", node.index, node.busid.c_str(), node.sm);
+  }
+}
+
+// Not a check: staged allreduce bus bandwidth (2 (p-1)/p * bytes / time).
+TEST(CudaReal, PrintStagedAllReduceBusBandwidth) {
+  SKIP_WITHOUT_GPU();
+  for (size_t bytes : {size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
+    const int iters = bytes >= (size_t{256} << 20) ? 5 : 20;
+    double secs[kRanks] = {};
+    with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+      Dev buf(bytes);
+      ASSERT_EQ(rt().memset_async(buf.p, 0, bytes, s), 0);
+      const size_t n = bytes / 4;
+      ASSERT_EQ(ncclAllReduce(buf.p, buf.p, n, ncclFloat32, ncclSum, c, s), ncclSuccess);  // warm-up
+      ASSERT_EQ(rt().stream_sync(s), 0);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i)
+        ASSERT_EQ(ncclAllReduce(buf.p, buf.p, n, ncclFloat32, ncclSum, c, s), ncclSuccess);
+      ASSERT_EQ(rt().stream_sync(s), 0);
+      secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    });
+    const double t = std::max(secs[0], secs[1]);
+    const double busbw = 2.0 * (kRanks - 1) / kRanks * static_cast<double>(bytes) / t / 1e9;
+    std::printf("staged allreduce, 2 ranks, %zu MiB: %.3f ms, busbw %.2f GB/s\n", bytes >> 20, t * 1e3, busbw);
+  }
+}
+
+}  // namespace
