@@ -81,6 +81,72 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
   return t;
 }
 
+// Steady-state time per op of a rooted collective: the work of its busiest
+// rank. Every message costs each end an overhead o = alpha / 2; the receiver
+// copies its bytes (and reduces them: gamma); the sender copies them too
+// unless the message goes single-copy (the receiver reads the sender's
+// buffer). `chunk` is the pipelining chunk of chain and tree.
+//   chain     inner rank: 1 recv + 1 send per chunk
+//   tree      inner rank: broadcast 1 recv + 2 sends, reduce 2 recvs + 1 send
+//   binomial  root: ceil(log2 p) sends (broadcast) or reduced recvs (reduce)
+//   direct    root: p - 1 sends or reduced recvs
+// Oversubscription (more ranks than cores) is not modelled: it multiplies
+// every algorithm's time by about the same factor (total work is equal).
+double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
+  const double n = x.n, pp = x.p;
+  const int L = ceil_log2(x.p);
+  auto sender_copies = [&](double bytes) {
+    return x.c.single_copy_bytes == 0 || bytes < static_cast<double>(x.c.single_copy_bytes) ? 1.0 : 0.0;
+  };
+  const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
+  const double c = n / k;
+  const double gam = red ? x.g() : 0;
+  switch (a) {
+    case AlgoKind::kChain: {
+      LinkCost l = x.ring();
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
+      if (x.p == 2) return k * o + n * (b + gam);  // one message; the receiver is the busier end
+      return k * 2 * o + n * (b + gam) + sender_copies(c) * n * b;
+    }
+    case AlgoKind::kTree: {
+      LinkCost l = x.tree_edge();
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte, s = sender_copies(c);
+      if (x.p == 2) return k * o + n * (b + gam);
+      return red ? k * 3 * o + 2 * n * (b + gam) + s * n * b : k * 3 * o + n * b + 2 * s * n * b;
+    }
+    case AlgoKind::kBinomial: {
+      LinkCost l = x.all();
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte, s = sender_copies(n);
+      if (red) return L * (o + n * (b + gam));
+      // The root's sends and its first child's receive + forwards.
+      return std::max(L * (o + s * n * b), o + n * b + (L - 1) * (o + s * n * b));
+    }
+    case AlgoKind::kDirect: {
+      const double o = x.direct_alpha() / 2, b = x.direct_beta();
+      return red ? (pp - 1) * (o + n * (b + gam)) : (pp - 1) * (o + sender_copies(n) * n * b) + o;
+    }
+    case AlgoKind::kScatterAllgather: {
+      // A non-root rank: its scatter piece, then the ring all-gather.
+      LinkCost r = x.ring();
+      const double o = r.alpha_us / 2, b = r.beta_us_per_byte, m = n / pp;
+      return (L + 2 * (pp - 1)) * o + n / 2 * b + (pp - 1) * m * b * (1 + sender_copies(m));
+    }
+    case AlgoKind::kRabenseifner: {
+      // The root: halving steps (send + reduced recv of n/2^j), then the
+      // gather of the pieces.
+      LinkCost l = x.all();
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
+      double t = 0;
+      for (int j = 1; j <= L; ++j) {
+        double m = n / std::ldexp(1.0, j);
+        t += 2 * o + m * (b * (1 + sender_copies(m)) + gam) + o + m * b;
+      }
+      return t;
+    }
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 const char* algo_name(AlgoKind a) {
@@ -270,59 +336,40 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       break;
     case Collective::kBroadcast:
     case Collective::kReduce: {
+      // Rooted collectives are priced by their steady-state time per op, the
+      // busiest rank's work (rooted_busy_us): issued back to back they
+      // overlap, since the root does not wait for the leaves (or the leaves
+      // for the root), so a stream of them runs at the bottleneck rank's
+      // pace, not at the depth of the tree. The pipelined algorithms keep the
+      // chunk that minimises one op's latency.
       const bool red = coll == Collective::kReduce;
       const double gam = red ? x.g() : 0;
       switch (a) {
         case AlgoKind::kChain: {
           LinkCost r = x.ring();
           r.beta_us_per_byte += gam;
-          Pipe pi = pipelined(p - 1, n, r, c.min_chunk_bytes);
-          t = pi.us;
-          chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
+          chunk = pipelined(p - 1, n, r, c.min_chunk_bytes).chunk;
           break;
         }
         case AlgoKind::kTree: {
-          // One pipelined binary tree (tree.cc): an inner rank sends each
-          // chunk to two children (broadcast) or takes and reduces two
-          // (reduce), so a pipeline step moves twice the chunk. Measured at 4
-          // ranks: the tree was 1.25-1.7x slower than the chain from 512 KiB.
           LinkCost l = x.tree_edge();
-          const double fan_out = p >= 3 ? 2.0 : 1.0;
-          l.beta_us_per_byte = fan_out * (l.beta_us_per_byte + gam);
-          Pipe pi = pipelined(L, n, l, c.min_chunk_bytes);
-          t = pi.us;
-          chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
+          l.beta_us_per_byte = 2 * (l.beta_us_per_byte + gam);
+          chunk = pipelined(L, n, l, c.min_chunk_bytes).chunk;
           break;
         }
-        case AlgoKind::kBinomial:
-          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + n * (x.lvl(k).beta_us_per_byte + gam);
-          break;
-        case AlgoKind::kScatterAllgather: {
+        case AlgoKind::kScatterAllgather:
           if (red) return std::nullopt;
-          for (int j = 1; j <= L; ++j) {
-            LinkCost l = x.lvl(L - j);
-            t += l.alpha_us + n / std::ldexp(1.0, j) * l.beta_us_per_byte;
-          }
-          LinkCost r = x.ring();
-          t += (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte);
           block_chunk();
           break;
-        }
-        case AlgoKind::kRabenseifner: {
+        case AlgoKind::kRabenseifner:
           if (!red) return std::nullopt;
-          // Reduce-scatter by halving, then gather the pieces to the root.
-          for (int j = 1; j <= L; ++j) {
-            LinkCost l = x.lvl(j - 1);
-            double m = n / std::ldexp(1.0, j);
-            t += 2 * (l.alpha_us + m * l.beta_us_per_byte) + m * x.g();
-          }
           break;
-        }
-        case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * n * (x.direct_beta() + gam);
-          break;
+        case AlgoKind::kBinomial:
+        case AlgoKind::kDirect: break;
         default: return std::nullopt;
       }
+      t = rooted_busy_us(a, red, x, chunk);
+      chunk = (chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
       break;
     }
     case Collective::kAllToAll:

@@ -72,6 +72,9 @@ struct CommCost {
   int max_channels = 1;
   size_t min_chunk_bytes = 4096;
   size_t min_bytes_per_channel = 128 * 1024;
+  // Same-host messages of at least this many bytes are single-copy (the
+  // receiver reads the sender's buffer, the sender copies nothing); 0 = none.
+  size_t single_copy_bytes = 0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };
