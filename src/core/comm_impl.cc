@@ -1,5 +1,7 @@
 #include "core/comm_impl.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <immintrin.h>
@@ -64,7 +66,17 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
                                                                &c->abort_));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
-  auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks);
+  // The tuner's model of several hosts needs to know there are several (its
+  // default is one host with every rank on it, which hid the cost of the
+  // links between hosts): ranks per host from the bootstrap's host hashes.
+  topo::TunerOptions tuner_options;
+  {
+    std::vector<int> per_host(nranks, 0);
+    for (int i = 0; i < nranks; ++i) ++per_host[c->host_of_rank_[i]];
+    const int hosts = static_cast<int>(std::count_if(per_host.begin(), per_host.end(), [](int k) { return k > 0; }));
+    if (hosts > 1) tuner_options.ranks_per_host = *std::max_element(per_host.begin(), per_host.end());
+  }
+  auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks, tuner_options);
   if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO / LOOM_TUNER_PLUGIN)");
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);

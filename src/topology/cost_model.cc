@@ -32,6 +32,17 @@ struct Ctx {
   double beta_scale;  // >= 1: fewer channels than needed to fill a link
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
+    // A level whose partners sit on different hosts (ranks placed in
+    // contiguous blocks of q per host, so partners 2^k >= q apart): all q
+    // ranks of a host cross at once and share its link. The ring's crossing
+    // edge carries one flow per host.
+    // Measured, 2 hosts x 2 ranks over TCP: Rabenseifner (both ranks of a
+    // host cross in its far step) 24 ms vs ring 14 ms at 4 MiB, while the
+    // per-pair model called them a tie.
+    if (c.nhosts > 1 && k >= 0 && k < 30) {
+      const int q = (p + c.nhosts - 1) / c.nhosts;
+      if ((1 << k) >= q) l.beta_us_per_byte *= q;  // partners 2^k >= q apart: other hosts
+    }
     l.beta_us_per_byte *= beta_scale;
     return l;
   }

@@ -112,6 +112,23 @@ TopoGraph flat_host() {
   return r.value().graph;
 }
 
+// Two hosts of two ranks (blocks): Rabenseifner's far step (partners 2
+// apart) puts both ranks of a host on its link at once, so that step's
+// bytes cost twice; the near step stays inside the host.
+TEST(TunerModel, CrossHostLevelsShareTheHostLink) {
+  const int p = 4;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20;
+  CommCost c = uniform(p);
+  c.nhosts = 2;
+  const double far = 2 * (a + n / 2 * 2 * b) + n / 2 * g;
+  const double near = 2 * (a + n / 4 * b) + n / 4 * g;
+  EXPECT_NEAR(est(AlgoKind::kRabenseifner, Collective::kAllReduce, 1 << 20, p, c), far + near, 1e-6);
+  // The ring's crossing edge carries one flow per host: unchanged.
+  CommCost one = uniform(p);
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, p, c),
+              est(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, p, one), 1e-9);
+}
+
 TEST(TunerSelect, SmallMessagesLatencyOptimalLargeRing) {
   Tuner t(flat_host());
   const int p = 8;
