@@ -13,6 +13,28 @@
 namespace loom {
 namespace {
 
+// Every rank (a thread) runs the cases in order; a failing rank aborts its
+// communicator so the others do not wait for it.
+template <typename Comms>
+void run_all(Comms& comms, const std::vector<testing::Case>& cases) {
+  const int n = static_cast<int>(comms.size());
+  std::vector<std::string> err(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      for (const auto& c : cases) {
+        Status st = testing::run_case(*comms[r], c);
+        if (!st.is_ok()) {
+          err[r] = st.to_string();
+          comms[r]->abort("test failure");
+          return;
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
 void run_mix(int n, const char* single_copy_bytes, const char* fifo_bytes) {
   setenv("LOOM_SHM_SINGLE_COPY_BYTES", single_copy_bytes, 1);
   setenv("LOOM_SHM_FIFO_BYTES", fifo_bytes, 1);
@@ -37,21 +59,7 @@ void run_mix(int n, const char* single_copy_bytes, const char* fifo_bytes) {
       cases.push_back(cs);
     }
   }
-  std::vector<std::string> err(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      for (const auto& c : cases) {
-        Status st = testing::run_case(*(*comms)[r], c);
-        if (!st.is_ok()) {
-          err[r] = st.to_string();
-          (*comms)[r]->abort("test failure");
-          return;
-        }
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  run_all(*comms, cases);
 }
 
 // Shared single copy: a root whose phase only sends writes half of each
@@ -74,21 +82,7 @@ void shared_copy_case(bool enabled) {
       cs.root = root;
       cases.push_back(cs);
     }
-  std::vector<std::string> err(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      for (const auto& c : cases) {
-        Status st = testing::run_case(*(*comms)[r], c);
-        if (!st.is_ok()) {
-          err[r] = st.to_string();
-          (*comms)[r]->abort("test failure");
-          return;
-        }
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  run_all(*comms, cases);
   const uint64_t pushed = ShmTransport::shared_copy_bytes() - before;
   if (enabled) EXPECT_GT(pushed, 0u) << "no sender wrote into a receiver";
   else EXPECT_EQ(pushed, 0u);
