@@ -9,22 +9,13 @@
 #include <vector>
 
 #include "nccl.h"
+#include "unit/nccl_comms.h"
 
 namespace {
 
 constexpr int kN = 4;
 
-struct Comms {
-  ncclComm_t c[kN] = {};
-  Comms() { EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr); }
-  ~Comms() {
-    for (ncclComm_t x : c) {
-      if (x != nullptr) {
-        EXPECT_EQ(ncclCommDestroy(x), ncclSuccess) << ncclGetLastError(x);
-      }
-    }
-  }
-};
+using Comms = loom::testing::NcclComms<kN>;
 
 ncclResult_t wait_ready(ncclComm_t comm) {
   ncclResult_t state = ncclInProgress;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
 
 namespace {
@@ -31,25 +32,10 @@ const bool kEnv = [] {
   return true;
 }();
 
-struct Mock {
-  void* lib = dlopen(kCudart, RTLD_NOW | RTLD_LOCAL);
-  template <typename F>
-  F sym(const char* name) {
-    return reinterpret_cast<F>(lib != nullptr ? dlsym(lib, name) : nullptr);
-  }
-  int (*stream_create)(cudaStream_t*) = sym<int (*)(cudaStream_t*)>("cudaStreamCreate");
-  int (*stream_sync)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamSynchronize");
-  int (*stream_destroy)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamDestroy");
-  int (*malloc_dev)(void**, size_t) = sym<int (*)(void**, size_t)>("cudaMalloc");
-  int (*free_dev)(void*) = sym<int (*)(void*)>("cudaFree");
-  int (*enqueue_copy)(cudaStream_t, void*, const void*, size_t, int) =
-      sym<int (*)(cudaStream_t, void*, const void*, size_t, int)>("loom_mock_stream_enqueue_copy");
-  long (*host_live)() = sym<long (*)()>("loom_mock_host_allocs_live");
-  long (*host_total)() = sym<long (*)()>("loom_mock_host_allocs_total");
-};
+using Mock = loom::testing::MockCudart;
 
 Mock& mock() {
-  static Mock m;
+  static Mock m(kCudart);
   return m;
 }
 

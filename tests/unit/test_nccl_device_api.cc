@@ -8,6 +8,7 @@
 #include <string>
 
 #include "nccl.h"
+#include "unit/nccl_comms.h"
 
 extern "C" {
 // Our own declarations of the nccl_device.h host functions (same ABI).
@@ -38,17 +39,7 @@ namespace {
 
 constexpr int kN = 3;
 
-struct Comms {
-  ncclComm_t c[kN] = {};
-  Comms() { EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr); }
-  ~Comms() {
-    for (ncclComm_t x : c) {
-      if (x != nullptr) {
-        EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
-      }
-    }
-  }
-};
+using Comms = loom::testing::NcclComms<kN>;
 
 TEST(NcclDeviceApi, TeamsDescribeAHostOnlyLibrary) {
   Comms w;

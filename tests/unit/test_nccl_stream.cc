@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
 
 namespace {
@@ -25,23 +26,10 @@ const bool kEnv = [] {
 }();
 
 // The mock's stream API (the same library instance the shim opened).
-struct Mock {
-  void* lib = dlopen(LOOM_MOCK_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
-  template <typename F>
-  F sym(const char* name) {
-    return reinterpret_cast<F>(lib != nullptr ? dlsym(lib, name) : nullptr);
-  }
-  int (*stream_create)(cudaStream_t*) = sym<int (*)(cudaStream_t*)>("cudaStreamCreate");
-  int (*stream_sync)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamSynchronize");
-  int (*stream_destroy)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamDestroy");
-  int (*malloc_dev)(void**, size_t) = sym<int (*)(void**, size_t)>("cudaMalloc");
-  int (*free_dev)(void*) = sym<int (*)(void*)>("cudaFree");
-  int (*enqueue_copy)(cudaStream_t, void*, const void*, size_t, int) =
-      sym<int (*)(cudaStream_t, void*, const void*, size_t, int)>("loom_mock_stream_enqueue_copy");
-};
+using Mock = loom::testing::MockCudart;
 
 Mock& mock() {
-  static Mock m;
+  static Mock m(LOOM_MOCK_CUDART_PATH);
   return m;
 }
 

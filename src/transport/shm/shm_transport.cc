@@ -126,17 +126,20 @@ static_assert(sizeof(ShmTransport::Segment) <= kHeaderBytes);
 
 namespace {
 
-// Writes len bytes from src to addr in process pid; same process: memcpy.
-bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* err) {
+// Copies len bytes between `local` here and addr in process pid (Linux CMA:
+// process_vm_writev when `write`, else process_vm_readv); same process: memcpy.
+bool cma_copy(int pid, uint64_t addr, std::byte* local, size_t len, bool write, int* err) {
+  void* remote_p = reinterpret_cast<void*>(addr);
   if (pid == getpid()) {
-    std::memcpy(reinterpret_cast<void*>(addr), src, len);
+    if (write) std::memcpy(remote_p, local, len);
+    else std::memcpy(local, remote_p, len);
     return true;
   }
   size_t done = 0;
   while (done < len) {
-    iovec local{const_cast<std::byte*>(src) + done, len - done};
-    iovec remote{reinterpret_cast<void*>(addr + done), len - done};
-    ssize_t n = process_vm_writev(pid, &local, 1, &remote, 1, 0);
+    iovec here{local + done, len - done};
+    iovec there{static_cast<std::byte*>(remote_p) + done, len - done};
+    ssize_t n = write ? process_vm_writev(pid, &here, 1, &there, 1, 0) : process_vm_readv(pid, &here, 1, &there, 1, 0);
     if (n <= 0) {
       *err = n < 0 ? errno : EIO;
       return false;
@@ -146,24 +149,11 @@ bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* er
   return true;
 }
 
-// Reads len bytes at addr in process pid into dst; same process: memcpy.
 bool cma_read(int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
-  if (pid == getpid()) {
-    std::memcpy(dst, reinterpret_cast<const void*>(addr), len);
-    return true;
-  }
-  size_t done = 0;
-  while (done < len) {
-    iovec local{dst + done, len - done};
-    iovec remote{reinterpret_cast<void*>(addr + done), len - done};
-    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n <= 0) {
-      *err = n < 0 ? errno : EIO;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  return cma_copy(pid, addr, dst, len, false, err);
+}
+bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* err) {
+  return cma_copy(pid, addr, const_cast<std::byte*>(src), len, true, err);
 }
 
 class ShmConnection final : public Connection {
