@@ -96,7 +96,13 @@ void flag_when_finished(std::shared_ptr<StreamOp> so) {
     if (st.is_ok()) st = cs;
   }
   if (!st.is_ok() && log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, "stream-ordered op failed: " + st.to_string());
-  std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(so->flag->data())).store(1, std::memory_order_release);
+  // Let go of the op (and its flag lease) before the store: once the stream
+  // passes the flag, the next call on it takes a flag word from the pool, and
+  // one this thread still held would make the pool allocate another.
+  // (keep_until_passed holds the word until the stream has read it.)
+  auto* word = reinterpret_cast<uint32_t*>(so->flag->data());
+  so.reset();
+  std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_release);
 }
 
 // The host function of the flag path: start the op and return.
@@ -105,7 +111,7 @@ void stream_reached_async(void* arg) {
   std::shared_ptr<StreamOp> so = *holder;
   for (auto& f : so->before) f();
   so->gate->open();
-  run_off_stream([so] { flag_when_finished(so); });
+  run_off_stream([so = std::move(so)]() mutable { flag_when_finished(std::move(so)); });
 }
 
 // Fallback when the driver refuses the wait: a host function that waits.
