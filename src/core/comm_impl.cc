@@ -96,10 +96,9 @@ Status CommImpl::check_usable(const char* what) const {
   if (revoked_.load())
     return invalid_usage(fmt::format("{}: communicator {} rank {} was revoked (only split, shrink and destroy remain)",
                                      what, name_, rank_));
+  if (!has_failed_.load(std::memory_order_acquire)) return Status::ok();  // no lock per op
   std::lock_guard<std::mutex> lk(mu_);
-  if (!failed_.is_ok())
-    return Status(failed_.code(), fmt::format("{}: communicator failed earlier: {}", what, failed_.message()));
-  return Status::ok();
+  return Status(failed_.code(), fmt::format("{}: communicator failed earlier: {}", what, failed_.message()));
 }
 
 namespace {
@@ -139,7 +138,8 @@ Result<Work> CommImpl::submit(CollArgs args, const void* send, void* recv) {
   args.rank = rank_;
   // host_of_rank is filled in on a schedule-cache miss (schedule_for), not
   // copied into every op: the per-op path allocates as little as it can.
-  SubOp sub{std::move(args), {s, r}, 0};
+  // Room for the scratch slot the executor fills in (no regrowth per op).
+  SubOp sub{std::move(args), {s, r, nullptr}, 0};
   if (group_depth_ > 0) {
     group_subs_.push_back(std::move(sub));
     return Work();
@@ -394,6 +394,7 @@ void CommImpl::fail(const Status& st) {
     std::lock_guard<std::mutex> lk(mu_);
     if (failed_.is_ok()) {
       failed_ = st;
+      has_failed_.store(true, std::memory_order_release);
       first = true;
     }
   }
@@ -559,6 +560,7 @@ Result<double> CommImpl::predict_us(Collective coll, size_t bytes) const {
 }
 
 Status CommImpl::async_error() const {
+  if (!has_failed_.load(std::memory_order_acquire)) return Status::ok();
   std::lock_guard<std::mutex> lk(mu_);
   return failed_;
 }

@@ -152,6 +152,7 @@ class CommImpl final : public diag::DiagClient {
   std::condition_variable gate_cv_;  // engine parked while a waiter runs ops
   std::deque<Op> queue_;
   Status failed_;
+  std::atomic<bool> has_failed_{false};  // failed_ is set (read without the lock)
   bool stopping_ = false;
   std::thread engine_;
 
