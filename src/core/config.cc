@@ -41,6 +41,9 @@ std::vector<ParamInfo>& registry() {
        "Shared single copy: a sender whose phase only sends writes half of a large (>= 512 KiB) single-copy "
        "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); 0 = the "
        "receiver copies alone."},
+      {"LOOM_SHM_SLOTS", "bool", "1",
+       "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
+       "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},
       {"LOOM_SPIN_US", "int", "-1",
        "Microseconds a waiting rank keeps polling (after LOOM_SPIN polls) before it sleeps; -1 = auto: 200 when "
        "the communicator has no more ranks than this machine has CPUs, else 0. Sleeping and being woken costs "
@@ -160,6 +163,7 @@ uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES"
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }
+int shm_slots() { return static_cast<int>(env_int("LOOM_SHM_SLOTS", 1)); }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }

@@ -112,6 +112,18 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
   int idle = 0;
   // Read the clock only once the phase has to wait (most small phases don't).
   Clock::time_point last_peer_check{}, spin_until{};
+  // Armed for sleeping (Transport::arm_wait): peers ring our doorbell only then.
+  struct Arm {
+    Transport* t;
+    bool on = false;
+    void set(bool want) {
+      if (want == on) return;
+      on = want;
+      if (on) t->arm_wait();
+      else t->disarm_wait();
+    }
+    ~Arm() { set(false); }
+  } arm{transport_};
   for (;;) {
     const uint32_t ev = transport_->events();
     bool moved = false, all_done = true;
@@ -194,6 +206,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     }
     if (all_done) return Status::ok();
     if (moved) {
+      arm.set(false);
       idle = 0;
       spin_until = {};
       continue;
@@ -237,8 +250,15 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       }
     }
     if (now >= deadline) return timeout_error(describe_wait() + "; deadline (LOOM_TIMEOUT) passed");
+    if (!arm.on) {
+      // Arm, then poll everything once more: what arrived before arming rang
+      // no doorbell, what arrives after does (and ends the sleep at once).
+      arm.set(true);
+      continue;
+    }
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
     transport_->wait_events(ev, std::min(left, std::chrono::microseconds(50000)));
+    arm.set(false);
     idle = spin_ / 2;  // after a wake-up, spin a little before sleeping again
     spin_until = Clock::now();  // ... and without the time floor
   }

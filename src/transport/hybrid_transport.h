@@ -32,6 +32,8 @@ class HybridTransport final : public Transport {
   Connection* connection(int peer) override;
   uint32_t events() override { return shm_->events(); }
   void wait_events(uint32_t seen, std::chrono::microseconds timeout) override { shm_->wait_events(seen, timeout); }
+  void arm_wait() override { shm_->arm_wait(); }
+  void disarm_wait() override { shm_->disarm_wait(); }
   Status check_peer(int peer) override;
   void announce_abort(const std::string& reason) override;
   void wake_self() override { shm_->wake_self(); }

@@ -59,9 +59,15 @@ class Transport {
   // The connection to peer, or nullptr when this transport does not reach it.
   virtual Connection* connection(int peer) = 0;
   // A counter bumped whenever a peer pushes data to us or frees space we wait
-  // for. Read it before polling; sleep with wait_events if nothing moved.
+  // for, while we are armed. To sleep: arm_wait(), then read events(), poll
+  // everything once more, and only if nothing moved wait_events(seen);
+  // disarm_wait() after waking (or when the poll moved something). Unarmed,
+  // a transport may skip the bump for data events (shm does: an atomic
+  // increment per message costs a cache-line round trip).
   virtual uint32_t events() = 0;
   virtual void wait_events(uint32_t seen, std::chrono::microseconds timeout) = 0;
+  virtual void arm_wait() {}
+  virtual void disarm_wait() {}
   // Non-ok if the peer's process died or it announced an abort. A peer that
   // destroyed its communicator (orderly close, announced by every transport's
   // destructor after its last send) is ok as long as this rank waits for

@@ -138,6 +138,116 @@ TEST(ShmPaths, InPlaceSendRecvInAGroup) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// Data events wake a sleeping rank. Peers ring a receiver's doorbell only
+// while it is armed for sleep (Transport::arm_wait), so a lost wake-up would
+// not hang but end each wait by its 50 ms timeout: the test counts those.
+// Ranks sleep at once (LOOM_SPIN=1, no time floor) while the other rank
+// comes late, for each kind of event: FIFO bytes (small allreduce), FIFO
+// space freed (1 MiB through a 4 KiB FIFO), single-copy acknowledgements.
+TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
+  struct Mode {
+    const char* single_copy_bytes;
+    Collective coll;
+    size_t count;
+  };
+  for (const Mode& m : {Mode{"0", Collective::kAllReduce, 2}, Mode{"0", Collective::kBroadcast, size_t{1} << 18},
+                        Mode{"1", Collective::kBroadcast, size_t{1} << 18}}) {
+    setenv("LOOM_SPIN", "1", 1);
+    setenv("LOOM_SPIN_US", "0", 1);
+    setenv("LOOM_SHM_FIFO_BYTES", "4K", 1);
+    setenv("LOOM_SHM_SINGLE_COPY_BYTES", m.single_copy_bytes, 1);
+    setenv("LOOM_SHM_SHARED_COPY", "0", 1);
+    auto comms = Comm::init_all(2);
+    for (const char* v : {"LOOM_SPIN", "LOOM_SPIN_US", "LOOM_SHM_FIFO_BYTES", "LOOM_SHM_SINGLE_COPY_BYTES",
+                          "LOOM_SHM_SHARED_COPY"})
+      unsetenv(v);
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    const uint64_t before = ShmTransport::wait_timeouts();
+    std::vector<std::string> err(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        testing::Case cs;
+        cs.coll = m.coll;
+        cs.count = m.count;
+        for (int it = 0; it < 20 && err[r].empty(); ++it) {
+          cs.root = it % 2;
+          if (it % 2 == r) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the peer sleeps meanwhile
+          Status st = testing::run_case(*(*comms)[r], cs);
+          if (!st.is_ok()) err[r] = st.to_string();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+    EXPECT_EQ(ShmTransport::wait_timeouts() - before, 0u)
+        << collective_name(m.coll) << " single copy from " << m.single_copy_bytes << " B: waits ended by timeout";
+  }
+}
+
+// Small messages travel in cache-line slots (LOOM_SHM_SLOTS). One group
+// sends 160 messages to one peer, in order: 100 slot-sized ones (up to the
+// 120 B payload; the first carries the op header) while the receiver comes
+// 3 ms late, so the sender fills the 64 slots and has to wait for the
+// receiver to free them; then slot, FIFO (just above a slot) and
+// single-copy sizes mixed.
+// With slots off everything takes the old paths; the results must agree.
+TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
+  for (const char* slots : {"1", "0"}) {
+    setenv("LOOM_SHM_SLOTS", slots, 1);
+    setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
+    setenv("LOOM_TIMEOUT", "30", 1);  // a lost or overwritten slot fails here, not after 300 s
+    auto comms = Comm::init_all(2);
+    unsetenv("LOOM_TIMEOUT");
+    unsetenv("LOOM_SHM_SLOTS");
+    unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    // int32 counts: 2 (8 B), 30 (120 B: a full slot), 31 (124 B: FIFO),
+    // 1, 50 (FIFO), 20000 (80 KB: single copy).
+    // The first 100 all fit a slot (a single-copy message would hold the
+    // sender back until it is read; these do not), then the sizes mix.
+    const size_t counts[] = {2, 30, 31, 1, 50, 20000};
+    const int kMsgs = 160;
+    auto count_of = [&](int i) { return i < 100 ? (i % 2 ? size_t{30} : size_t{2}) : counts[i % 6]; };
+    const uint64_t before = ShmTransport::slot_messages();
+    std::vector<std::string> err(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        Comm& c = *(*comms)[r];
+        std::vector<std::vector<int32_t>> bufs(kMsgs);
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        c.group_start();
+        for (int i = 0; i < kMsgs; ++i) {
+          bufs[i].assign(count_of(i), -1);
+          if (r == 0) {
+            for (size_t k = 0; k < bufs[i].size(); ++k) bufs[i][k] = static_cast<int32_t>(i * 100000 + k);
+            (void)c.send(bufs[i].data(), bufs[i].size(), DataType::kInt32, 1);
+          } else {
+            (void)c.recv(bufs[i].data(), bufs[i].size(), DataType::kInt32, 0);
+          }
+        }
+        auto w = c.group_end();
+        Status st = w.is_ok() ? w->wait() : w.status();
+        if (!st.is_ok()) {
+          err[r] = st.to_string();
+          c.abort("test failure");
+          return;
+        }
+        if (r == 1)
+          for (int i = 0; i < kMsgs && err[r].empty(); ++i)
+            for (size_t k = 0; k < bufs[i].size(); ++k)
+              if (bufs[i][k] != static_cast<int32_t>(i * 100000 + k)) {
+                err[r] = "message " + std::to_string(i) + " element " + std::to_string(k) + " wrong";
+                break;
+              }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "slots " << slots << ", rank " << r;
+    if (std::string(slots) == "1") EXPECT_GE(ShmTransport::slot_messages() - before, 50u) << "no slot was used";
+    else EXPECT_EQ(ShmTransport::slot_messages() - before, 0u) << "LOOM_SHM_SLOTS=0 still used slots";
+  }
+}
+
 // The FIFOs are mapped in at setup. Regression: they were faulted in page by
 // page while they filled for the first time (one fault in the sender's
 // mapping, one in the receiver's), which made the first ~100 operations of

@@ -30,6 +30,8 @@ class ShmTransport final : public Transport {
   Connection* connection(int peer) override;
   uint32_t events() override;
   void wait_events(uint32_t seen, std::chrono::microseconds timeout) override;
+  void arm_wait() override;
+  void disarm_wait() override;
   Status check_peer(int peer) override;
   void announce_abort(const std::string& reason) override;
   void wake_self() override;
@@ -37,6 +39,12 @@ class ShmTransport final : public Transport {
   // Bytes this process's senders wrote into receivers (shared single copy,
   // LOOM_SHM_SHARED_COPY), for tests and diagnostics.
   static uint64_t shared_copy_bytes();
+  // Waits of this process that ended by their timeout rather than a doorbell
+  // (a lost wake-up shows up here), for tests.
+  static uint64_t wait_timeouts();
+  // Small messages this process sent through cache-line slots
+  // (LOOM_SHM_SLOTS), for tests; approximate when ranks are threads.
+  static uint64_t slot_messages();
 
   struct Segment;  // defined in the .cc
 
