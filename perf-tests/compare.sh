@@ -4,10 +4,11 @@
 #   perf-tests/compare.sh [--quick] [--build DIR] [--ranks "2 4 8"]
 #                         [--colls "allreduce reduce_scatter all_gather broadcast"]
 #                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
+#                         [--loom-nonblocking]
 #
 # For every collective and rank count (ranks beyond the cores are
 # oversubscribed) it runs the same size sweep with
-#   Loom     loomrun -n N <coll>_perf --csv          (build/bin)
+#   Loom     loomrun -n N <coll>_perf --csv -z 1     (build/bin)
 #   Open MPI mpirun --allow-run-as-root --oversubscribe -np N mpi_bench
 #   MPICH    mpirun.mpich -np N mpi_bench_mpich      (if mpicc.mpich was found)
 #   Gloo     loomrun -n N gloo_bench (TCP, every Gloo algorithm; the best counts)
@@ -19,6 +20,9 @@
 # build/compare-<date>). A missing peer is reported and skipped.
 # --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead
 # (same process placement and core binding as the Open MPI runs).
+# Loom runs blocking (-z 1, nccl-tests' flag: each op is waited for before the
+# next is issued), as the peers' MPI_Allreduce & co and Gloo's run() return only
+# when done; --loom-nonblocking issues them back to back and waits for the last.
 # The summary alone can be recomputed from a raw.csv: --summarize DIR.
 set -uo pipefail
 
@@ -31,6 +35,7 @@ OUT=""
 TIMEOUT=900
 LAUNCHER=loomrun
 SUMMARIZE=""
+LOOM_MODE=(-z 1)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -41,7 +46,8 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT="$2"; shift ;;
     --loom-launcher) LAUNCHER="$2"; shift ;;
     --summarize) SUMMARIZE="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --loom-nonblocking) LOOM_MODE=() ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -117,7 +123,7 @@ for n in $RANKS; do
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-          --sizes "$sizes" "${iters[@]}" -c $check --csv && take_loom "$coll"
+          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -c $check --csv && take_loom "$coll"
       if [ $HAVE_OMPI = 1 ]; then
         run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
             "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" -l ompi && take_peer
