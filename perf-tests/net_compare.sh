@@ -12,13 +12,14 @@
 #                                                    (the mean of the two; sendrecv_perf is
 #                                                    bidirectional too: every rank sends and
 #                                                    receives at the same time)
-#   sendrecv_perf, LOOM_SOCKET_NSOCKS=1 and 2        2 ranks, GB/s (>= 16 MiB)
+#   sendrecv_perf, LOOM_SOCKET_NSOCKS=1 and 2        2 ranks, GB/s (>= 16 MiB), both ways
+#   sendrecv_perf --oneway, NSOCKS=1 and 2           2 ranks, one way (rank 0 -> rank 1)
 #   all_reduce_perf LOOM_TRANSPORT=socket            2 and 4 ranks, busbw
 #   mpi_bench --mca btl tcp,self (Open MPI)          2 and 4 ranks, busbw
 #   gloo_bench (when it can bind a non-loopback address: GLOO_BENCH_ADDR)
 # Targets (issue 3): sendrecv >= 0.9 x iperf3 with the same stream count at
-# >= 16 MiB (the unidirectional figure; the bidirectional ratio is printed
-# beside it); allreduce busbw >= 1.5 x Open MPI and >= 2 x Gloo at >= 1 MiB.
+# >= 16 MiB, like for like: one way against iperf3, both ways against
+# iperf3 --bidir; allreduce busbw >= 1.5 x Open MPI and >= 2 x Gloo at >= 1 MiB.
 # Needs root (namespaces). Namespaces are named loomperf-<pid>-* and removed
 # on exit; leftovers of a killed run are removed at start.
 set -uo pipefail
@@ -134,13 +135,19 @@ else
   echo "net_compare.sh: iperf3 not installed (scripts/install-deps.sh)" >&2
 fi
 
-echo "net_compare.sh: Loom sendrecv (socket)" >&2
+echo "net_compare.sh: Loom sendrecv (socket), both ways and one way" >&2
 port=29600
 for S in 1 2; do
   port=$((port + 1))
   loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
       "$BIN/sendrecv_perf" --sizes "$SIZES" "${ITERS[@]}" -c 0 --csv \
     && take_csv sendrecv "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv nsocks=$S failed" >&2
+  # One way (rank 0 sends, rank 1 receives; the slower rank's time): the
+  # traffic of iperf3 without --bidir.
+  port=$((port + 1))
+  loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
+      "$BIN/sendrecv_perf" --oneway --sizes "$SIZES" "${ITERS[@]}" -c 0 --csv \
+    && take_csv sendrecv1 "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv --oneway nsocks=$S failed" >&2
 done
 
 echo "net_compare.sh: allreduce" >&2
@@ -185,18 +192,22 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 def mib(s): return f"{int(s) >> 20} MiB" if int(s) >= 1 << 20 else f"{s} B"
 iperf = {r['impl']: float(r['value_GBps']) for r in rows if r['what'] == 'iperf3'}
 print("## Raw TCP vs Loom sendrecv (GB/s, 2 ranks, one per namespace)\n")
-print("sendrecv moves data both ways at once (each rank sends and receives); its figure is per direction.")
-print("iperf3 uni = one direction only; iperf3 bidir = --bidir, per direction (mean of the two).\n")
-print("| size | streams | iperf3 uni | iperf3 bidir | Loom sendrecv | / uni (target >= 0.90) | / bidir |")
-print("|---|---|---|---|---|---|---|")
+print("Same traffic, same stream count: Loom one way (sendrecv_perf --oneway: rank 0 sends, rank 1")
+print("receives) against iperf3; Loom both ways (sendrecv_perf: each rank sends and receives at once,")
+print("GB/s per direction) against iperf3 --bidir (per direction, the mean of the two).\n")
+print("| size | streams | iperf3 | Loom one way | ratio (target >= 0.90) | iperf3 --bidir | Loom both ways | ratio |")
+print("|---|---|---|---|---|---|---|---|")
 f2 = lambda x: f"{x:.2f}" if x else "n/a"
+sr = collections.defaultdict(dict)
 for r in rows:
-    if r['what'] != 'sendrecv': continue
-    s = r['impl'][-1]
+    if r['what'] in ('sendrecv', 'sendrecv1'):
+        sr[(int(r['size']), r['impl'][-1])][r['what']] = float(r['value_GBps'])
+for (size, s) in sorted(sr, key=lambda k: (k[1], k[0])):
+    d = sr[(size, s)]
     uni, bi = iperf.get(f"iperf3-P{s}"), iperf.get(f"iperf3-bidir-P{s}")
-    v = float(r['value_GBps'])
-    print(f"| {mib(r['size'])} | {s} | {f2(uni)} | {f2(bi)} | {v:.2f} | {f2(v / uni if uni else None)} | "
-          f"{f2(v / bi if bi else None)} |")
+    one, two = d.get('sendrecv1'), d.get('sendrecv')
+    print(f"| {mib(size)} | {s} | {f2(uni)} | {f2(one)} | {f2(one / uni if one and uni else None)} | "
+          f"{f2(bi)} | {f2(two)} | {f2(two / bi if two and bi else None)} |")
 ar = collections.defaultdict(dict)
 for r in rows:
     if r['what'] == 'allreduce':

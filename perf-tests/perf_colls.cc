@@ -92,8 +92,15 @@ Result<Work> issue(Comm& comm, Bench b, const Buffers& buf, const Shape& s, cons
     case Bench::kAllToAll: return comm.all_to_all(buf.send, buf.recv, s.count, o.dt);
     case Bench::kSendRecv: {
       comm.group_start();
-      auto sw = comm.send(buf.send, s.count, o.dt, (r + 1) % n);
-      auto rw = comm.recv(buf.recv, s.count, o.dt, (r - 1 + n) % n);
+      Result<Work> sw = Work(), rw = Work();
+      if (!o.oneway) {
+        sw = comm.send(buf.send, s.count, o.dt, (r + 1) % n);
+        rw = comm.recv(buf.recv, s.count, o.dt, (r - 1 + n) % n);
+      } else if (r % 2 == 0 && r + 1 < n) {
+        sw = comm.send(buf.send, s.count, o.dt, r + 1);
+      } else if (r % 2 == 1) {
+        rw = comm.recv(buf.recv, s.count, o.dt, r - 1);
+      }  // --oneway with an odd rank count: the last rank idles
       auto gw = comm.group_end();
       if (!sw.is_ok()) return sw.status();
       if (!rw.is_ok()) return rw.status();
@@ -132,7 +139,9 @@ size_t count_wrong(Bench b, const Buffers& buf, const Shape& s, const Options& o
         w += verifiable::count_wrong_copied(rp + k * s.count * es, s.count, o.dt, fop, k, r * s.count, first);
       return w;
     }
-    case Bench::kSendRecv: return verifiable::count_wrong_copied(rp, s.count, o.dt, fop, (r - 1 + n) % n, 0, first);
+    case Bench::kSendRecv:
+      if (o.oneway && r % 2 == 0) return 0;  // senders only
+      return verifiable::count_wrong_copied(rp, s.count, o.dt, fop, (r - 1 + n) % n, 0, first);
   }
   return 0;
 }

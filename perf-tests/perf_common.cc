@@ -279,6 +279,9 @@ int perf_main(int argc, char** argv, Bench bench) {
     lines.push_back("Algorithms available for " + std::string(collective_name(coll)) + ": " + names);
   }
   if (o.baseline_mpi) lines.push_back("Baseline: " + info.mpi_library);
+  if (o.oneway)
+    lines.push_back(std::string("Pattern: one way (--oneway): even ranks send to rank + 1, odd ranks receive") +
+                    (o.average == Average::kMax ? "; times: slowest rank" : ""));
   Report report(info);
   if (print) report.begin(lines);
 

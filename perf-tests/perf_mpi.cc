@@ -80,6 +80,11 @@ int mpi_run(Bench b, const Buffers& buf, const Shape& s, const Options& o, MPI_D
     case Bench::kReduce: return MPI_Reduce(buf.send, buf.recv, c, t, op, o.root, MPI_COMM_WORLD);
     case Bench::kAllToAll: return MPI_Alltoall(buf.send, c, t, buf.recv, c, t, MPI_COMM_WORLD);
     case Bench::kSendRecv:
+      if (o.oneway) {
+        if (r % 2 == 0 && r + 1 < n) return MPI_Send(buf.send, c, t, r + 1, 0, MPI_COMM_WORLD);
+        if (r % 2 == 1) return MPI_Recv(buf.recv, c, t, r - 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        return MPI_SUCCESS;
+      }
       return MPI_Sendrecv(buf.send, c, t, (r + 1) % n, 0, buf.recv, c, t, (r - 1 + n) % n, 0, MPI_COMM_WORLD,
                           MPI_STATUS_IGNORE);
     case Bench::kHypercube: {

@@ -88,6 +88,9 @@ void print_usage(FILE* out, const char* prog) {
           "                          launched by mpirun) and print Loom/MPI busbw ratios per size\n"
           "      --plot FILE.png     plot busbw against size with gnuplot\n"
           "      --progress          progress lines on stderr even when it is not a terminal\n"
+          "      --oneway            sendrecv_perf: even ranks send to rank+1, odd ranks receive from\n"
+          "                          rank-1 (one direction per pair, like a unidirectional iperf3);\n"
+          "                          times are the slowest rank's unless -a is given\n"
           "  -h, --help\n"
           "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
           prog);
@@ -124,7 +127,7 @@ bool parse_size_list(const char* s, std::vector<size_t>* out) {
   return !out->empty();
 }
 
-enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress };
+enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway };
 
 }  // namespace
 
@@ -159,6 +162,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
                                     {"baseline", required_argument, nullptr, kBaseline},
                                     {"plot", required_argument, nullptr, kPlot},
                                     {"progress", no_argument, nullptr, kProgress},
+                                    {"oneway", no_argument, nullptr, kOneway},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
   const char* prog = argv[0];
@@ -168,6 +172,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
   };
   optind = 1;
   int ch;
+  bool average_given = false;
   while ((ch = getopt_long(argc, argv, "b:e:f:i:n:w:m:c:d:o:r:z:a:T:J:A:t:g:p:G:C:R:y:N:h", longopts, nullptr)) != -1) {
     switch (ch) {
       case 'b': if (!parse_size(optarg, &o->min_bytes)) return bad("-b", optarg); break;
@@ -201,6 +206,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         int a;
         if (!parse_int(optarg, 0, 3, &a)) return bad("-a (0..3)", optarg);
         o->average = static_cast<Average>(a);
+        average_given = true;
         break;
       }
       case 'T': {
@@ -224,6 +230,13 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         break;
       case kPlot: o->plot_file = optarg; break;
       case kProgress: o->progress = true; break;
+      case kOneway:
+        if (bench != Bench::kSendRecv) {
+          fprintf(stderr, "%s: --oneway is a sendrecv_perf option\n", prog);
+          return 2;
+        }
+        o->oneway = true;
+        break;
       case 'h': print_usage(stdout, prog); return 0;
       default: print_usage(stderr, prog); return 2;
     }
@@ -232,6 +245,9 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
     fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", prog, argv[optind]);
     return 2;
   }
+  // One way, a sender may finish before its receiver has the data and an
+  // idle rank takes no time: the slowest rank's time is the transfer's.
+  if (o->oneway && !average_given) o->average = Average::kMax;
   if (o->sizes.empty() && o->max_bytes < o->min_bytes) {
     fprintf(stderr, "%s: invalid sizes: -b %zu > -e %zu\n", prog, o->min_bytes, o->max_bytes);
     return 2;

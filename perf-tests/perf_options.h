@@ -4,7 +4,7 @@
 // meanings and defaults as nccl-tests; -t/-g/-p/-G/-C/-R/-y/-N are accepted
 // for scripts written for nccl-tests and ignored with a note, since a Loom
 // rank is a process). Loom flags: -A ALGO, --sizes LIST, --json[=FILE],
-// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress.
+// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +52,11 @@ struct Options {
   bool baseline_mpi = false;      // --baseline mpi
   std::string plot_file;          // --plot FILE.png
   bool progress = false;          // --progress: progress lines even when stderr is not a TTY
+  // --oneway (sendrecv_perf): even ranks send to rank + 1, odd ranks receive
+  // from rank - 1, so every pair moves data in one direction only (the
+  // traffic of a unidirectional iperf3); by default every rank sends and
+  // receives at once (nccl-tests' pattern).
+  bool oneway = false;
   std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
 };
 

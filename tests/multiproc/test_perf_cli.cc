@@ -142,6 +142,22 @@ TEST_F(PerfCli, JsonAndCsvParse) {
   std::remove(csv.c_str());
 }
 
+// sendrecv_perf --oneway: even ranks send to rank + 1, odd ranks receive and
+// verify (an odd rank count leaves the last rank idle); the times are the
+// slowest rank's. Other benchmarks refuse the flag.
+TEST_F(PerfCli, OneWaySendRecv) {
+  ASSERT_TRUE(have("sendrecv_perf"));
+  for (int n : {2, 3}) {
+    Outcome r = run(loomrun(n) + "sendrecv_perf --oneway -b 8 -e 1M -f 32 -n 2 -w 1 -d int32");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("Pattern: one way"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("times: slowest rank"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+    EXPECT_EQ(table_rows(r.out).size(), 4u) << r.out;  // 8, 256, 8K, 256K
+  }
+  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf --oneway").rc, 2);
+}
+
 TEST_F(PerfCli, BadArgumentsAreRejected) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f 1").rc, 2);
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -a 7").rc, 2);
