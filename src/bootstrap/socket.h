@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +22,16 @@ using Deadline = Clock::time_point;
 
 inline Deadline deadline_after(double seconds) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// The same from the coarse monotonic clock (steady_clock's base at a few ms
+// resolution; a few ns per read instead of ~18 here): early by at most one
+// tick, for per-op deadlines of seconds where every read counts.
+inline Deadline coarse_deadline_after(double seconds) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const auto now = Deadline(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 // An IPv4 or IPv6 socket address.

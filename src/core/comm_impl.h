@@ -43,6 +43,7 @@ struct WorkState {
   std::condition_variable cv;
   std::weak_ptr<EngineGate> gate;
   void complete(Status st);
+  static std::shared_ptr<WorkState> completed_ok();
 };
 
 // Holds an op back until something outside Loom is ready (the shim: the
@@ -100,6 +101,8 @@ class CommImpl final : public diag::DiagClient {
   Result<double> predict_us(Collective coll, size_t bytes) const;
   // Runs the oldest queued op, if any; the caller holds the EngineGate.
   bool run_next_queued();
+  // Ops a waiting caller ran at issue, without the queue (tests).
+  uint64_t inline_ops() const { return inline_ops_.load(std::memory_order_relaxed); }
   // Called by a waiter (holding the EngineGate) when it stops running ops.
   void after_waiter_progress();
   // The communicator's tuner (tests read its calibrated cost parameters).
@@ -124,7 +127,11 @@ class CommImpl final : public diag::DiagClient {
 
   CommImpl() = default;
   Status check_usable(const char* what) const;
-  Result<Work> enqueue(Op op);
+  // Runs `op` at once (see the comment inside) or moves it into the queue.
+  Result<Work> enqueue(Op& op);
+  // Runs a dequeued (or never queued) op: its start gates, its sub-ops, and
+  // on failure marks the communicator failed. The caller holds the EngineGate.
+  Status execute(Op& op);
   // Marks group sends whose buffer overlaps a receive of the group (staged).
   void mark_aliased_sends(SubOp& group);
   void engine_main();
@@ -161,6 +168,7 @@ class CommImpl final : public diag::DiagClient {
   std::vector<std::shared_ptr<StartGate>> next_gates_;  // issuing thread only
   int group_depth_ = 0;
   std::vector<SubOp> group_subs_;
+  Op issue_op_;  // issuing thread only: storage of the op being issued (submit)
   int group_p2p_index_ = -1;  // position of the merged p2p sub-op in group_subs_
 
   struct ScheduleKey {
@@ -172,6 +180,8 @@ class CommImpl final : public diag::DiagClient {
   std::map<ScheduleKey, RankSchedule> schedule_cache_;  // engine thread only
   std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
   std::shared_ptr<EngineGate> gate_ = std::make_shared<EngineGate>();
+  std::shared_ptr<WorkState> done_ok_ = WorkState::completed_ok();  // shared by ops run at issue
+  std::atomic<uint64_t> inline_ops_{0};
   std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
 

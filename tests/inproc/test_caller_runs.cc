@@ -1,0 +1,125 @@
+// A caller that waits for every op at once (Comm::set_caller_waits: the perf
+// suite's -z 1, the shim's blocking communicators) runs an op at issue when
+// nothing is queued or running, without the queue and the work object. These
+// tests check that it does, that results and errors are the same as through
+// the queue, and that an op never overtakes one issued before it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "common/test_util.h"
+#include "core/comm_impl.h"
+
+namespace loom {
+namespace {
+
+std::vector<testing::Case> mixed_cases(int n) {
+  std::vector<testing::Case> cases;
+  int k = 0;
+  // Slot, FIFO and single-copy sizes; every collective that moves data.
+  for (size_t count : {size_t{2}, size_t{1000}, size_t{100003}})
+    for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast,
+                         Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}) {
+      testing::Case cs;
+      cs.coll = c;
+      cs.count = count;
+      cs.root = k++ % n;
+      cases.push_back(cs);
+    }
+  return cases;
+}
+
+void run_cases(std::vector<std::unique_ptr<Comm>>& comms, bool caller_waits, std::vector<uint64_t>* inline_ops) {
+  const int n = static_cast<int>(comms.size());
+  const auto cases = mixed_cases(n);
+  std::vector<std::string> err(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *comms[r];
+      c.set_caller_waits(caller_waits);
+      const uint64_t before = c.impl()->inline_ops();
+      for (int round = 0; round < 3 && err[r].empty(); ++round)
+        for (const auto& cs : cases) {
+          Status st = testing::run_case(c, cs);
+          if (!st.is_ok()) {
+            err[r] = cs.name() + ": " + st.to_string();
+            c.abort("test failure");
+            break;
+          }
+        }
+      (*inline_ops)[r] = c.impl()->inline_ops() - before;
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+TEST(CallerRuns, BlockingCallersRunOpsAtIssue) {
+  auto comms = Comm::init_all(3);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<uint64_t> inline_ops(3);
+  run_cases(*comms, true, &inline_ops);
+  const uint64_t ops = 3 * mixed_cases(3).size();
+  for (int r = 0; r < 3; ++r) EXPECT_GE(inline_ops[r], ops) << "rank " << r << " queued ops it waited for at once";
+}
+
+TEST(CallerRuns, AsyncCallersQueue) {
+  auto comms = Comm::init_all(3);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<uint64_t> inline_ops(3);
+  run_cases(*comms, false, &inline_ops);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(inline_ops[r], 0u) << "rank " << r;
+}
+
+// Rank 0 issues a large allreduce without waiting (queued; the engine runs it
+// and waits for rank 1, which comes 50 ms late), then a small blocking one.
+// The small one must not run first: rank 1 issues both through the queue, in
+// the same order, and the in-band fingerprints would report the mismatch.
+TEST(CallerRuns, BlockingOpDoesNotOvertakeQueuedOne) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      std::vector<float> big(1 << 20, 1.0f), small(4, 2.0f);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      c.set_caller_waits(false);
+      auto a = c.allreduce(big.data(), big.data(), big.size(), DataType::kFloat32, RedOp::kSum);
+      c.set_caller_waits(r == 0);
+      auto b = c.allreduce(small.data(), small.data(), small.size(), DataType::kFloat32, RedOp::kSum);
+      Status sb = b.is_ok() ? b->wait() : b.status();
+      Status sa = a.is_ok() ? a->wait() : a.status();
+      if (!sa.is_ok() || !sb.is_ok()) err[r] = sa.to_string() + " / " + sb.to_string();
+      else if (big[12345] != 2.0f || small[3] != 4.0f) err[r] = "wrong result";
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+// An op run at issue that fails returns a failed Work with the error, and
+// marks the communicator failed as it would through the queue.
+TEST(CallerRuns, FailureAtIssueIsReported) {
+  Config cfg;
+  cfg.timeout_s = 30;
+  auto comms = Comm::init_all(2, cfg);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  (*comms)[1]->abort("rank 1 gives up (test)");
+  Comm& c = *(*comms)[0];
+  c.set_caller_waits(true);
+  std::vector<float> v(4, 1.0f);
+  auto w = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_TRUE(w->test()) << "an op run at issue is complete when the call returns";
+  Status st = w->wait();
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("rank 1 gives up (test)"), std::string::npos) << st.to_string();
+  auto again = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kSum);
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_NE(again.status().message().find("failed earlier"), std::string::npos) << again.status().to_string();
+}
+
+}  // namespace
+}  // namespace loom
