@@ -178,10 +178,11 @@ if command -v gnuplot > /dev/null; then
       i=$((i + 1))
     done
     gnuplot <<EOF
-set terminal png size 900,600
+set terminal png size 900,600 noenhanced
 set output '$OUT/${COLL}_n$n.png'
 set logscale x 2
 set logscale y 10
+set format x '%.0b%B'
 set xlabel 'size (bytes)'
 set ylabel 'algbw (GB/s) = size / time'
 set title '$COLL, $n ranks (LOOM_ALGO forced per line)'
