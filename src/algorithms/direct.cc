@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/patterns.h"
 
 namespace loom {
 
@@ -35,12 +36,9 @@ Result<RankSchedule> shifted_all_to_all(const CollArgs& a, bool one_phase, const
     p.steps.push_back(st);
     src = kBufScratch;
   }
-  Step self;
-  self.kind = StepKind::kCopy;
-  self.src = {src, r * c};
-  self.dst = {kBufRecv, r * c};
-  self.count = c;
-  p.steps.push_back(self);
+  // Our own block is copied while the first exchange is in flight (after its
+  // sends are posted): no receive writes its destination.
+  p.steps.push_back(patterns::overlapped_copy_step({src, r * c}, {kBufRecv, r * c}, c));
   for (int k = 1; k < n; ++k) {
     const int to = (r + k) % n, from = (r - k + n) % n;
     Step snd;
