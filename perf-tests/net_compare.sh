@@ -14,6 +14,8 @@
 #                                                    receives at the same time)
 #   sendrecv_perf, LOOM_SOCKET_NSOCKS=1 and 2        2 ranks, GB/s (>= 16 MiB), both ways
 #   sendrecv_perf --oneway, NSOCKS=1 and 2           2 ranks, one way (rank 0 -> rank 1)
+#                                                    (sendrecv: iterations per size for ~1 GiB
+#                                                    of traffic, 10..1000; --quick ~256 MiB)
 #   all_reduce_perf LOOM_TRANSPORT=socket            2 and 4 ranks, busbw
 #   mpi_bench --mca btl tcp,self (Open MPI)          2 and 4 ranks, busbw
 #   gloo_bench (when it can bind a non-loopback address: GLOO_BENCH_ADDR)
@@ -136,18 +138,27 @@ else
 fi
 
 echo "net_compare.sh: Loom sendrecv (socket), both ways and one way" >&2
+# iperf3 measures seconds of steady traffic: give each size as many
+# iterations as move about SR_BYTES (at least the usual count), not a
+# fixed count that is milliseconds of traffic at 1 MiB.
+[ "$QUICK" = 1 ] && SR_BYTES=$((1 << 28)) || SR_BYTES=$((1 << 30))
 port=29600
 for S in 1 2; do
-  port=$((port + 1))
-  loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
-      "$BIN/sendrecv_perf" --sizes "$SIZES" "${ITERS[@]}" -c 0 --csv \
-    && take_csv sendrecv "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv nsocks=$S failed" >&2
-  # One way (rank 0 sends, rank 1 receives; the slower rank's time): the
-  # traffic of iperf3 without --bidir.
-  port=$((port + 1))
-  loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
-      "$BIN/sendrecv_perf" --oneway --sizes "$SIZES" "${ITERS[@]}" -c 0 --csv \
-    && take_csv sendrecv1 "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv --oneway nsocks=$S failed" >&2
+  for size in ${SIZES//,/ }; do
+    bytes=$(numfmt --from=iec "$size")
+    iters=$((SR_BYTES / bytes)); [ $iters -lt "${ITERS[1]}" ] && iters=${ITERS[1]}; [ $iters -gt 1000 ] && iters=1000
+    sr_iters=(-n $iters -w "${ITERS[3]}")
+    port=$((port + 1))
+    loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
+        "$BIN/sendrecv_perf" --sizes "$size" "${sr_iters[@]}" -c 0 --csv \
+      && take_csv sendrecv "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv nsocks=$S $size failed" >&2
+    # One way (rank 0 sends, rank 1 receives; the slower rank's time): the
+    # traffic of iperf3 without --bidir.
+    port=$((port + 1))
+    loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
+        "$BIN/sendrecv_perf" --oneway --sizes "$size" "${sr_iters[@]}" -c 0 --csv \
+      && take_csv sendrecv1 "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv --oneway nsocks=$S $size failed" >&2
+  done
 done
 
 echo "net_compare.sh: allreduce" >&2
