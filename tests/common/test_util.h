@@ -53,6 +53,15 @@ struct ChildResult {
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
                                        int timeout_s = 600);
 
+// get_unique_id(), with the rendezvous root in a helper process instead of a
+// thread of this one. run_processes forks ranks; a fork while another thread
+// holds an allocator lock leaves the child deadlocked on its first malloc
+// (glibc guards against it, ASan's allocator does not: the multi-process tests
+// hung now and then under ASan). The helper is forked while this process has
+// no other thread, serves the rendezvous, and is killed at the next call or at
+// exit.
+Result<UniqueId> unique_id();
+
 // $LOOM_BUILD_DIR/bin/<name> (CTest sets LOOM_BUILD_DIR).
 std::string build_bin(const std::string& name);
 // Runs a shell command; returns what it wrote to stdout.

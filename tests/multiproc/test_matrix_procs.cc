@@ -13,7 +13,7 @@ class ProcMatrix : public ::testing::TestWithParam<int> {};
 
 TEST_P(ProcMatrix, AllCases) {
   const int n = GetParam();
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   // The 1M+3 cases run at 2 and 5 ranks here (all sizes run as threads in
   // inproc/test_matrix_threads); this keeps CI on 2 cores inside its budget.

@@ -43,7 +43,7 @@ struct Outcome {
 // with `send_back`, a send of `extra` bytes that rank 1 never received.
 Outcome run_pair(const char* transport, size_t bytes, size_t extra, bool send_back = false) {
   setenv("LOOM_TRANSPORT", transport, 1);
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   Outcome o;
   if (!id.is_ok()) {
     o.out0 = id.status().to_string();

@@ -18,7 +18,7 @@ namespace {
 
 TEST(ShrinkProcs, SurvivorsRecoverFromAKilledRank) {
   const int n = 4, victim = 1;
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   const auto t0 = std::chrono::steady_clock::now();
   auto results = testing::run_processes(n, [&](int r, int fd) {

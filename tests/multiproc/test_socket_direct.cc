@@ -110,7 +110,7 @@ int exchange(const UniqueId& id, int r, int fd, size_t direct_bytes, Totals* out
 }
 
 void run_case(size_t direct_bytes, bool expect_direct) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto res = testing::run_processes(2, [&](int r, int fd) {
     Totals tot;

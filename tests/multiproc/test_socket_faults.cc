@@ -36,7 +36,7 @@ int report(int fd, const std::string& m, int rc) {
 }
 
 TEST_F(SocketFaults, PeerClosesMidMessage) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   const auto t0 = std::chrono::steady_clock::now();
   auto res = testing::run_processes(2, [&](int r, int fd) {
@@ -65,7 +65,7 @@ TEST_F(SocketFaults, PeerClosesMidMessage) {
 
 TEST_F(SocketFaults, KilledPeerIsNamed) {
   const int n = 3, victim = 2;
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   const auto t0 = std::chrono::steady_clock::now();
   auto res = testing::run_processes(n, [&](int r, int fd) {
@@ -96,7 +96,7 @@ TEST_F(SocketFaults, KilledPeerIsNamed) {
 }
 
 TEST_F(SocketFaults, AbortReachesRemotePeerWithReason) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   const auto t0 = std::chrono::steady_clock::now();
   auto res = testing::run_processes(2, [&](int r, int fd) {
@@ -131,7 +131,7 @@ Fd stranger(const SockAddr& addr, const void* data, size_t len) {
 }
 
 TEST_F(SocketFaults, StrangersAtTheRendezvousAreDropped) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   auto uid = decode_uid(*id);
   ASSERT_TRUE(uid.is_ok());
@@ -157,7 +157,7 @@ TEST_F(SocketFaults, StrangersAtTheRendezvousAreDropped) {
 // setup (garbage, silence, a hello with the wrong secret) are dropped and the
 // connection between the real ranks carries a message intact.
 TEST_F(SocketFaults, StrangersAtTheTransportPortAreDropped) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok());
   auto res = testing::run_processes(2, [&](int r, int fd) {
     auto uid = decode_uid(*id);

@@ -49,7 +49,7 @@ TEST_P(SocketMatrix, AllCases) {
     setenv("LOOM_SOCKET_BUF_BYTES", "24K", 1);
     setenv("LOOM_SOCKET_NTHREADS", "2", 1);
   }
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto results = testing::run_processes(n, [&](int r, int fd) {
     auto fail = [&](const std::string& m) {

@@ -23,7 +23,7 @@ int report(int fd, const std::string& m, int rc) {
 
 // Four processes; `hosts` fake host identities (ranks placed in blocks).
 void expect_hosts(int hosts) {
-  auto id = get_unique_id();
+  auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto res = testing::run_processes(4, [&](int r, int fd) {
     const int per = 4 / hosts;
