@@ -19,12 +19,14 @@ export HWLOC_COMPONENTS=-pci
 # The big-count matrices take hours under sanitizers on 2 cores; they run in
 # the default suite. LOOM_SANITIZE_EXCLUDE adds more.
 exclude="${LOOM_SANITIZE_EXCLUDE:-matrix_threads|harness_golden}"
-# TSan cannot run threads in a child forked from a multi-threaded process
-# ("starting new threads after multi-threaded fork is not supported"): the
-# tests whose ranks are fork()ed children (tests/common run_processes) are
-# left to the ASan run; tests that fork+exec (launchers, doctor) still run.
+# The multi-process tests fork their ranks from a process that has no other
+# thread (the rendezvous root runs in a helper process: testing::unique_id),
+# so TSan runs them too. Except: test_socket_faults, whose "peer closes
+# mid-message" case saw the whole message arrive under TSan (its timing
+# assumption, that the peer is gone before the receiver posts, does not hold
+# there; cause not investigated), and the netns tests (not run under TSan).
 if [ "$kind" = thread ]; then
-  exclude="$exclude|multiproc/test_(kill|matrix_procs|shrink|socket_faults|socket_matrix|socket_direct)|netns/"
+  exclude="$exclude|multiproc/test_socket_faults|netns/"
 fi
 ctest --output-on-failure --timeout 3000 -E "${exclude}|mpi_launch|perf_cli"
 # Open MPI's own components (dlopen'd MCA plugins, ompi_op_base_op_select) leak
