@@ -16,6 +16,7 @@
 
 #include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
+#include "nccl_stream_world.h"
 
 namespace {
 
@@ -39,25 +40,8 @@ Mock& mock() {
   return m;
 }
 
-struct World {
-  ncclComm_t c[kN] = {};
-  cudaStream_t s[kN] = {};
-  World() {
-    EXPECT_TRUE(kEnv);
-    EXPECT_NE(mock().enqueue_copy, nullptr) << dlerror();
-    EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
-    for (auto& st : s) EXPECT_EQ(mock().stream_create(&st), 0);
-  }
-  void sync() {
-    for (auto& st : s) ASSERT_EQ(mock().stream_sync(st), 0);
-  }
-  ~World() {
-    for (int r = 0; r < kN; ++r) {
-      EXPECT_EQ(mock().stream_sync(s[r]), 0);
-      EXPECT_EQ(mock().stream_destroy(s[r]), 0);
-      EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess) << ncclGetLastError(c[r]);
-    }
-  }
+struct World : loom::testing::StreamWorld<kN> {
+  World() : StreamWorld(mock()) { EXPECT_TRUE(kEnv); }
 };
 
 // A mock device buffer of `n` floats (rank `host_rank` gets plain host

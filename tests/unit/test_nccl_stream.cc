@@ -12,6 +12,7 @@
 
 #include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
+#include "nccl_stream_world.h"
 
 namespace {
 
@@ -33,23 +34,8 @@ Mock& mock() {
   return m;
 }
 
-struct World {
-  ncclComm_t c[kN] = {};
-  cudaStream_t s[kN] = {};
-  World() {
-    EXPECT_TRUE(kEnv);
-    EXPECT_NE(mock().enqueue_copy, nullptr) << dlerror();
-    EXPECT_EQ(ncclCommInitAll(c, kN, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
-    for (auto& st : s) EXPECT_EQ(mock().stream_create(&st), 0);
-  }
-  ~World() {
-    for (int r = 0; r < kN; ++r) {
-      EXPECT_EQ(mock().stream_sync(s[r]), 0);
-      EXPECT_EQ(mock().stream_destroy(s[r]), 0);
-      if (c[r] == nullptr) continue;  // aborted by the test
-      EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess) << ncclGetLastError(c[r]);
-    }
-  }
+struct World : loom::testing::StreamWorld<kN> {
+  World() : StreamWorld(mock()) { EXPECT_TRUE(kEnv); }
 };
 
 double ms_since(std::chrono::steady_clock::time_point t) {
