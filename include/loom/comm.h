@@ -142,8 +142,10 @@ class Comm {
   // communicators, benchmarks' blocking mode): the issuing thread promises to
   // call Work::wait() (no timeout) on every op it issues, at once. The engine
   // thread is then not woken for them; the waiting thread runs them itself,
-  // which saves two context switches per op. An op that is never waited for
-  // only runs when something else wakes the engine. Issuing thread only.
+  // which saves two context switches per op, and when nothing is queued or
+  // running the call itself runs the op and returns a completed Work. An op
+  // that is never waited for only runs when something else wakes the engine.
+  // Issuing thread only.
   void set_caller_waits(bool on);
   // Revoke (NCCL 2.28's ncclCommRevoke): stops every queued and running
   // operation and tells the peers, like abort(): here they fail with "communicator
