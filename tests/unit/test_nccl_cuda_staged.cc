@@ -67,6 +67,14 @@ struct DevBuf {
   }
 };
 
+// One mock device buffer of `count` floats per rank.
+using DevBufs = std::vector<std::unique_ptr<DevBuf>>;
+DevBufs per_rank(size_t count) {
+  DevBufs v;
+  for (int r = 0; r < kN; ++r) v.push_back(std::make_unique<DevBuf>(count));
+  return v;
+}
+
 // Rank r's i-th input element: exact in float.
 float v(int r, size_t i) { return static_cast<float>((r + 1) * 1000 + static_cast<int>(i % 500)); }
 constexpr float kSentinel = -7.0f;
@@ -128,10 +136,8 @@ TEST_P(Staged, BroadcastAndReduce) {
   World w;
   const size_t n = 1000;
   const int root = 1;
-  std::vector<std::unique_ptr<DevBuf>> send, recv;
+  DevBufs send = per_rank(n), recv = per_rank(n);
   for (int r = 0; r < kN; ++r) {
-    send.push_back(std::make_unique<DevBuf>(n));
-    recv.push_back(std::make_unique<DevBuf>(n));
     fill_rank(*send[r], r);
     fill_value(*recv[r], kSentinel);
   }
@@ -167,12 +173,7 @@ TEST_P(Staged, AllGatherReduceScatterAlltoAll) {
   const bool in_place = GetParam();
   World w;
   const size_t n = 700;  // per-rank block
-  std::vector<std::unique_ptr<DevBuf>> big, small, big2;
-  for (int r = 0; r < kN; ++r) {
-    big.push_back(std::make_unique<DevBuf>(n * kN));
-    small.push_back(std::make_unique<DevBuf>(n));
-    big2.push_back(std::make_unique<DevBuf>(n * kN));
-  }
+  DevBufs big = per_rank(n * kN), small = per_rank(n), big2 = per_rank(n * kN);
   // AllGather: in place, rank r's input is its block of recvbuff.
   for (int r = 0; r < kN; ++r) {
     fill_value(*big[r], kSentinel);
@@ -224,11 +225,7 @@ TEST_P(Staged, GatherScatterSendRecv) {
   World w;
   const size_t n = 500;
   const int root = 3;
-  std::vector<std::unique_ptr<DevBuf>> big, small;
-  for (int r = 0; r < kN; ++r) {
-    big.push_back(std::make_unique<DevBuf>(n * kN));
-    small.push_back(std::make_unique<DevBuf>(n));
-  }
+  DevBufs big = per_rank(n * kN), small = per_rank(n);
   // Gather to root: in place, the root's input is its block of recvbuff.
   for (int r = 0; r < kN; ++r) {
     fill_value(*big[r], kSentinel);
@@ -297,11 +294,9 @@ void stream_order(bool wait_fails) {
   World w;
   constexpr int kDelayMs = 150;
   const size_t n = 2048;
-  std::vector<std::unique_ptr<DevBuf>> send, recv;
+  DevBufs send = per_rank(n), recv = per_rank(n);
   std::vector<std::vector<float>> staged(kN), after(kN);
   for (int r = 0; r < kN; ++r) {
-    send.push_back(std::make_unique<DevBuf>(n));
-    recv.push_back(std::make_unique<DevBuf>(n));
     fill_value(*send[r], -1000.0f);  // stale until the stream writes it
     fill_value(*recv[r], kSentinel);
     staged[r].assign(n, static_cast<float>(r + 1));
@@ -330,13 +325,9 @@ TEST(NcclCudaStaged, StreamOrderWithHostFunctionWait) { stream_order(true); }
 TEST(NcclCudaStaged, GroupOfSeveralCallsOnOneStream) {
   World w;
   const size_t n = 256;
-  std::vector<std::unique_ptr<DevBuf>> a, b, g, bc;
+  DevBufs a = per_rank(n), b = per_rank(n), g = per_rank(n * kN), bc = per_rank(n);
   std::vector<std::vector<float>> staged(kN);
   for (int r = 0; r < kN; ++r) {
-    a.push_back(std::make_unique<DevBuf>(n));
-    b.push_back(std::make_unique<DevBuf>(n));
-    g.push_back(std::make_unique<DevBuf>(n * kN));
-    bc.push_back(std::make_unique<DevBuf>(n));
     fill_value(*a[r], -1000.0f);
     fill_value(*bc[r], static_cast<float>(100 + r));
     staged[r].assign(n, static_cast<float>(r + 1));
@@ -366,11 +357,7 @@ TEST(NcclCudaStaged, StagingBuffersAreReusedAndFreed) {
   {
     World w;
     const size_t n = 5000;
-    std::vector<std::unique_ptr<DevBuf>> send, recv;
-    for (int r = 0; r < kN; ++r) {
-      send.push_back(std::make_unique<DevBuf>(n));
-      recv.push_back(std::make_unique<DevBuf>(n));
-    }
+    DevBufs send = per_rank(n), recv = per_rank(n);
     const long total0 = mock().host_total();
     for (int it = 0; it < 20; ++it) {
       for (int r = 0; r < kN; ++r) fill_value(*send[r], static_cast<float>(it + r));
