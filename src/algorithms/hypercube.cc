@@ -129,7 +129,7 @@ Result<RankSchedule> halving_reduce_scatter(const CollArgs& a) {
     const int peer = f.member_of(core ^ mask);
     Phase p = std::move(pending);
     pending = Phase{};
-    p.steps.push_back(send_step(peer, at(cur, g0 * c), (g1 - g0) * c));
+    p.steps.push_back(send_to_reduce_step(peer, at(cur, g0 * c), (g1 - g0) * c));
     p.steps.push_back(recv_reduce_step(peer, at(cur, k0 * c), at(w, k0 * c), (k1 - k0) * c));
     push_phase(s, std::move(p));
     cur = w;
@@ -184,7 +184,7 @@ Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a) {
     Phase p = std::move(pending);
     pending = Phase{};
     const size_t g0 = boff(give_lo), g1 = bend(give_lo + mask), k0 = boff(keep_lo), k1 = bend(keep_lo + mask);
-    if (g1 > g0) p.steps.push_back(send_step(peer, at(cur, g0), g1 - g0));
+    if (g1 > g0) p.steps.push_back(send_to_reduce_step(peer, at(cur, g0), g1 - g0));
     if (k1 > k0) p.steps.push_back(recv_reduce_step(peer, at(cur, k0), at(out, k0), k1 - k0));
     push_phase(s, std::move(p));
     cur = out;

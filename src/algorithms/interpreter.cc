@@ -16,6 +16,7 @@ struct Message {
   std::vector<std::byte> data;
   size_t count;
   int phase;
+  bool peer_reduces;
 };
 
 struct RankState {
@@ -134,7 +135,7 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           if (s.peer < 0 || s.peer >= n || s.peer == r)
             return internal_error(fmt::format("rank {} phase {}: bad peer in '{}'", r, rs.phase, describe(s)));
           LOOM_ASSIGN_OR_RETURN(std::byte * src, resolve(r, s.src, s.count, "send src"));
-          Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase)};
+          Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase), s.peer_reduces};
           queues[{r, s.peer}].push_back(std::move(m));
           rs.done[i] = true;
         }
@@ -165,6 +166,12 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           return internal_error(fmt::format(
               "rank {} phase {}: '{}' matched a message of {} elements sent by rank {} in its phase {}", r, rs.phase,
               describe(s), m.count, s.peer, m.phase));
+        // The transport picks the message's path from this flag on the send
+        // side and from the step kind on the receive side: they must agree.
+        if (m.peer_reduces != (s.kind == StepKind::kRecvReduce) && s.count > 0)
+          return internal_error(fmt::format(
+              "rank {} phase {}: '{}' matched a send of rank {} (its phase {}) {} marked peer_reduces", r, rs.phase,
+              describe(s), s.peer, m.phase, m.peer_reduces ? "wrongly" : "not"));
         LOOM_ASSIGN_OR_RETURN(std::byte * dst, resolve(r, s.dst, s.count, "recv dst"));
         if (s.kind == StepKind::kRecv) {
           std::memcpy(dst, m.data.data(), m.data.size());

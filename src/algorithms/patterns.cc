@@ -14,6 +14,11 @@ Step send_step(int peer, BufRef src, size_t count) {
   s.count = count;
   return s;
 }
+Step send_to_reduce_step(int peer, BufRef src, size_t count) {
+  Step s = send_step(peer, src, count);
+  s.peer_reduces = true;
+  return s;
+}
 Step recv_step(int peer, BufRef dst, size_t count) {
   Step s;
   s.kind = StepKind::kRecv;
@@ -137,7 +142,7 @@ void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int ro
   for (int mask = 1; mask < m; mask *= 2) {
     Phase p;
     if (rel & mask) {
-      p.steps.push_back(send_step(member(rel - mask), have_partial ? acc : src, count));
+      p.steps.push_back(send_to_reduce_step(member(rel - mask), have_partial ? acc : src, count));
       push_phase(s, std::move(p));
       return;
     }

@@ -29,6 +29,8 @@ inline int log2_exact(int p) {
 }
 
 Step send_step(int peer, BufRef src, size_t count);
+// A send whose receiver reduces it (recv_reduce_step there): Step::peer_reduces.
+Step send_to_reduce_step(int peer, BufRef src, size_t count);
 Step recv_step(int peer, BufRef dst, size_t count);
 Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count);
 Step copy_step(BufRef src, BufRef dst, size_t count);

@@ -27,7 +27,7 @@ Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   for (int k = 0; k < n - 1; ++k) {
     Phase p;
     int sb = mod(r - k, n), rb = mod(r - k - 1, n);
-    if (sz(sb)) p.steps.push_back(send_step(next, {k == 0 ? kBufSend : kBufRecv, off(sb)}, sz(sb)));
+    if (sz(sb)) p.steps.push_back(send_to_reduce_step(next, {k == 0 ? kBufSend : kBufRecv, off(sb)}, sz(sb)));
     if (sz(rb)) p.steps.push_back(recv_reduce_step(prev, {kBufSend, off(rb)}, {kBufRecv, off(rb)}, sz(rb)));
     push_phase(s, std::move(p));
   }
@@ -63,7 +63,7 @@ Result<RankSchedule> ring_reduce_scatter(const CollArgs& a) {
     Phase p;
     int sb = mod(r - k - 1, n), rb = mod(r - k - 2, n);
     BufRef src = k == 0 ? BufRef{kBufSend, sb * c} : BufRef{kBufScratch, ((k - 1) % 2) * c};
-    p.steps.push_back(send_step(next, src, c));
+    p.steps.push_back(send_to_reduce_step(next, src, c));
     BufRef dst = (k == n - 2) ? BufRef{kBufRecv, 0} : BufRef{kBufScratch, (k % 2) * c};
     p.steps.push_back(recv_reduce_step(prev, {kBufSend, rb * c}, dst, c));
     push_phase(s, std::move(p));
@@ -149,7 +149,7 @@ Result<RankSchedule> chain_reduce(const CollArgs& a) {
     Phase p;
     if (pos < n - 1 && ph >= static_cast<size_t>(pos) && ph - pos < nchunks) {
       size_t k = ph - pos;
-      p.steps.push_back(send_step(next, {pos == 0 ? kBufSend : acc, k * chunk}, csz(k)));
+      p.steps.push_back(send_to_reduce_step(next, {pos == 0 ? kBufSend : acc, k * chunk}, csz(k)));
     }
     if (pos > 0 && ph + 1 >= static_cast<size_t>(pos) && ph + 1 - pos < nchunks) {
       size_t k = ph + 1 - pos;

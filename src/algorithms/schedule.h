@@ -59,6 +59,12 @@ struct Step {
   // interpreter rejects an overlapped copy that writes what a transfer of the
   // phase touches or reads what a receive of the phase writes.
   bool overlap = false;
+  // Sends only: the matching receive is a kRecvReduce. Both ends know the
+  // message's class before its first byte (the receiver from its own step),
+  // so a transport may move the two classes differently (shm: reduced
+  // messages go single-copy only from a higher size). The interpreter
+  // rejects a send whose flag disagrees with its receive.
+  bool peer_reduces = false;
 };
 
 inline bool is_comm_step(StepKind k) {

@@ -31,6 +31,7 @@ using namespace patterns;
 // One rank's view of one tree carrying elements [off, off + count).
 struct TreeRole {
   int parent = -1;               // rank
+  bool first_child = false;      // the parent reduces this rank's chunks on the fly
   std::vector<int> children;     // ranks, reduction order
   int depth = 0, max_depth = 0;
   size_t off = 0, count = 0;
@@ -39,7 +40,11 @@ struct TreeRole {
 TreeRole role_in(int n, int pos, const std::vector<int>& rank_of_pos, size_t off, size_t count) {
   TreeRole t;
   TreeNode node = btree_node(n, pos);
-  if (node.parent >= 0) t.parent = rank_of_pos[static_cast<size_t>(node.parent)];
+  if (node.parent >= 0) {
+    t.parent = rank_of_pos[static_cast<size_t>(node.parent)];
+    const TreeNode up = btree_node(n, node.parent);
+    t.first_child = (up.child[0] >= 0 ? up.child[0] : up.child[1]) == pos;
+  }
   for (int c : node.child)
     if (c >= 0) t.children.push_back(rank_of_pos[static_cast<size_t>(c)]);
   t.depth = node.depth;
@@ -84,8 +89,10 @@ void emit_trees(RankSchedule& s, const std::vector<TreeRole>& trees, const TreeB
         long k = ph - (D - d);
         if (in(k) && t.children.size() > 1) p.steps.push_back(reduce_step(at(b.acc, off(k)), at(b.tmp, off(k)), at(b.acc, off(k)), csz(k)));
         if (in(k) && root && b.divide) p.steps.push_back(divide_step(at(b.acc, off(k)), csz(k)));
-        if (in(k) && !root)
-          p.steps.push_back(send_step(t.parent, at(t.children.empty() ? b.src : b.acc, off(k)), csz(k)));
+        if (in(k) && !root) {
+          const BufRef from = at(t.children.empty() ? b.src : b.acc, off(k));
+          p.steps.push_back(t.first_child ? send_to_reduce_step(t.parent, from, csz(k)) : send_step(t.parent, from, csz(k)));
+        }
         long kr = ph - (D - d - 1);
         if (in(kr)) {
           for (size_t c = 0; c < t.children.size(); ++c) {

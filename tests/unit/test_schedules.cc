@@ -199,6 +199,33 @@ TEST(Interpreter, DetectsSizeMismatchAndHazard) {
   EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.to_string();
 }
 
+// A send's peer_reduces flag tells the transport how its receiver takes the
+// message (shm picks the path from it on one end and from the step kind on
+// the other): a send into a recv_reduce without it, or a flagged send into a
+// plain recv, is rejected; matching ones pass.
+TEST(Interpreter, ChecksThatSendAndReceiveAgreeOnReduction) {
+  std::vector<float> a(8), b(8), c(8), d(8);
+  auto p = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
+  std::vector<std::vector<std::byte*>> bufs = {{p(a), p(b)}, {p(c), p(d)}};
+  Step snd{StepKind::kSend, 1, {kBufSend, 0}, {}, {}, 4};
+  Step rcv{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
+  Step rrd{StepKind::kRecvReduce, 0, {kBufSend, 0}, {}, {kBufRecv, 0}, 4};
+  auto run = [&](const Step& s, const Step& r) {
+    return interpret({RankSchedule{{Phase{{s}}}, 0, "t"}, RankSchedule{{Phase{{r}}}, 0, "t"}}, bufs,
+                     DataType::kFloat32, RedOp::kSum);
+  };
+  Status st = run(snd, rrd);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not marked peer_reduces"), std::string::npos) << st.to_string();
+  Step flagged = snd;
+  flagged.peer_reduces = true;
+  st = run(flagged, rcv);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("wrongly marked peer_reduces"), std::string::npos) << st.to_string();
+  EXPECT_TRUE(run(flagged, rrd).is_ok());
+  EXPECT_TRUE(run(snd, rcv).is_ok());
+}
+
 // An overlapped copy (Step::overlap) runs while the phase's transfers are in
 // flight: writing what a send reads, or reading what a receive writes, is a
 // race the interpreter must reject; a copy clear of them is accepted.
