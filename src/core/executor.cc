@@ -137,6 +137,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
+        a.conn->set_send_reduced(s.peer_reduces);
         // ---- diag: the op's fingerprint goes out before its first bytes to this peer
         if (a.hdr_left) {
           send_fingerprint(a, moved);
@@ -162,6 +163,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
+        a.conn->set_recv_reduced(s.kind == StepKind::kRecvReduce);
         // ---- diag: consume and check the peer's fingerprint before its first bytes
         if (a.hdr_left) {
           Status fst = recv_fingerprint(a, moved, dt, op);

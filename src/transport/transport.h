@@ -39,6 +39,13 @@ class Connection {
   // may then let the receiver hand part of a single-copy message back for
   // the sender to write (shm: two cores copy one message). Default: unused.
   virtual void set_sender_idle(bool) {}
+  // The class of the next message to start in each direction: whether its
+  // receiver reduces it (Step::peer_reduces on the send side, a recv_reduce
+  // on the receive side). Both ends set it before every attempt, so the two
+  // agree; a transport may move the classes differently (shm: single copy
+  // from a lower size for plain messages). Read only when a message starts.
+  void set_send_reduced(bool reduced) { send_reduced_ = reduced; }
+  void set_recv_reduced(bool reduced) { recv_reduced_ = reduced; }
   virtual size_t recv_into(std::byte* dst, size_t msg_remaining) {
     size_t done = 0;
     while (done < msg_remaining) {
@@ -50,6 +57,10 @@ class Connection {
     }
     return done;
   }
+
+ protected:
+  bool send_reduced_ = false;
+  bool recv_reduced_ = false;
 };
 
 class Transport {

@@ -1,5 +1,6 @@
-// Every tree / hypercube / direct / pairwise / hierarchical algorithm over the
-// real shared-memory transport (ranks as threads), forced with LOOM_ALGO:
+// Every ring / chain / tree / hypercube / direct / pairwise / hierarchical
+// algorithm over the real shared-memory transport (ranks as threads), forced
+// with LOOM_ALGO:
 // the correctness matrix of its collective (every dtype x op x count x
 // in/out-of-place) plus a multi-chunk case, for 2, 3 and 5 ranks.
 // LOOM_CHUNK_BYTES is lowered so the pipelined trees run many chunks.
@@ -23,6 +24,11 @@ struct Forced {
 };
 
 const Forced kForced[] = {
+    {"allreduce:ring", Collective::kAllReduce, "ring"},
+    {"reduce_scatter:ring", Collective::kReduceScatter, "ring"},
+    {"all_gather:ring", Collective::kAllGather, "ring"},
+    {"broadcast:chain", Collective::kBroadcast, "chain"},
+    {"reduce:chain", Collective::kReduce, "chain"},
     {"allreduce:tree", Collective::kAllReduce, "tree"},
     {"allreduce:recursive_doubling", Collective::kAllReduce, "hypercube"},
     {"allreduce:rabenseifner", Collective::kAllReduce, "rabenseifner"},
@@ -46,6 +52,11 @@ TEST_P(ForcedAlgorithm, Matrix) {
   const int n = std::get<1>(GetParam());
   ASSERT_EQ(setenv("LOOM_ALGO", f.spec, 1), 0);
   ASSERT_EQ(setenv("LOOM_CHUNK_BYTES", "8K", 1), 0);
+  // Every message the receiver only stores goes single copy, every one it
+  // reduces below 256 KiB through the FIFO: both ends must classify each
+  // message alike (Step::peer_reduces), or the data or the protocol breaks.
+  ASSERT_EQ(setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "1", 1), 0);
+  ASSERT_EQ(setenv("LOOM_TIMEOUT", "60", 1), 0);  // a mismatch that hangs fails here, not after 300 s
 
   // The engine's choice goes through the same tuner path: LOOM_ALGO must win
   // over the model for this collective at every size we run (otherwise the
@@ -97,6 +108,8 @@ TEST_P(ForcedAlgorithm, Matrix) {
   for (auto& c : *comms) EXPECT_TRUE(c->destroy().is_ok());
   unsetenv("LOOM_ALGO");
   unsetenv("LOOM_CHUNK_BYTES");
+  unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
+  unsetenv("LOOM_TIMEOUT");
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,

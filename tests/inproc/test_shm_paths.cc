@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <thread>
 
 #include "common/test_util.h"
+#include "core/config.h"
 #include "transport/shm/shm_transport.h"
 
 namespace loom {
@@ -90,6 +92,54 @@ void shared_copy_case(bool enabled) {
 
 TEST(ShmPaths, SharedSingleCopy) { shared_copy_case(true); }
 TEST(ShmPaths, SharedSingleCopyOff) { shared_copy_case(false); }
+
+// Two single-copy thresholds: messages the receiver only stores go single
+// copy from LOOM_SHM_SINGLE_COPY_PLAIN_BYTES, those it reduces from
+// LOOM_SHM_SINGLE_COPY_BYTES. 64 KiB messages at 2 ranks, between the two:
+// all_gather's (stored) are read from the sender, reduce_scatter's
+// (reduced) go through the FIFO; with the plain threshold at 0, neither.
+TEST(ShmPaths, StoredMessagesGoSingleCopyFromTheirOwnThreshold) {
+  struct Mode {
+    const char* plain_bytes;
+    Collective coll;
+    bool single_copy;
+  };
+  for (const Mode& m : {Mode{"16K", Collective::kAllGather, true}, Mode{"16K", Collective::kReduceScatter, false},
+                        Mode{"0", Collective::kAllGather, false}}) {
+    setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", m.plain_bytes, 1);
+    setenv("LOOM_ALGO", "all_gather:ring;reduce_scatter:ring", 1);
+    auto comms = Comm::init_all(2);
+    unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
+    unsetenv("LOOM_ALGO");
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    testing::Case cs;
+    cs.coll = m.coll;
+    cs.count = 16384;  // floats per rank: one 64 KiB message each way
+    const uint64_t before = ShmTransport::single_copy_messages();
+    run_all(*comms, {cs});
+    const uint64_t got = ShmTransport::single_copy_messages() - before;
+    if (m.single_copy) EXPECT_GT(got, 0u) << collective_name(m.coll) << " plain threshold " << m.plain_bytes;
+    else EXPECT_EQ(got, 0u) << collective_name(m.coll) << " plain threshold " << m.plain_bytes;
+  }
+}
+
+// The default plain threshold: 16 KiB while the host's ranks have a CPU
+// each, else the reduced messages' threshold; an explicit
+// LOOM_SHM_SINGLE_COPY_BYTES sets both, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
+TEST(ShmPaths, PlainSingleCopyThresholdDefaults) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 16u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus), 16u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), params::shm_single_copy_bytes());
+  EXPECT_EQ(params::shm_single_copy_bytes(), 256u << 10);
+  setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 64u << 10);
+  setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "8K", 1);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 8u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 8u << 10);
+  unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
+  unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
+}
 
 TEST(ShmPaths, FifoOnly) { run_mix(3, "0", "64K"); }
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }

@@ -90,6 +90,8 @@ std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, t
 // plain load + store, not an atomic increment: with several thread ranks a
 // count may be lost, which only matters to a test that asks for > 0.
 std::atomic<uint64_t> g_slot_messages{0};
+// Messages received by single copy, this process (tests); bumped the same way.
+std::atomic<uint64_t> g_single_copy_messages{0};
 constexpr uint64_t kCmaMagic = 0x434d41444553431ull;
 constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
 constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
@@ -132,8 +134,11 @@ struct ShmTransport::Segment {
   alignas(64) std::atomic<uint32_t> closed;
   char abort_reason[1024];
   // Messages to this rank of at least this many bytes use the single-copy
-  // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted).
+  // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted):
+  // cma_threshold for messages this rank reduces, cma_plain_threshold for
+  // those it only stores (Connection::set_recv_reduced says which).
   uint64_t cma_threshold;
+  uint64_t cma_plain_threshold;
   // Messages to this rank of at most this many bytes use the slots (0: none).
   uint64_t slot_max_bytes;
   uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
@@ -221,7 +226,7 @@ class ShmConnection final : public Connection {
     if (out_total_ == 0) {  // a new message starts
       out_total_ = msg_remaining;
       out_done_ = 0;
-      out_cma_ = msg_remaining >= peer_->cma_threshold;
+      out_cma_ = msg_remaining >= (send_reduced_ ? peer_->cma_threshold : peer_->cma_plain_threshold);
       out_slot_ = !out_cma_ && msg_remaining <= peer_->slot_max_bytes;
       out_desc_posted_ = false;
     }
@@ -440,7 +445,7 @@ class ShmConnection final : public Connection {
     in_total_ = msg_remaining;
     in_done_ = 0;
     read_end_ = SIZE_MAX;
-    in_cma_ = msg_remaining >= self_->cma_threshold;
+    in_cma_ = msg_remaining >= (recv_reduced_ ? self_->cma_threshold : self_->cma_plain_threshold);
     in_slot_ = !in_cma_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
   }
@@ -487,6 +492,7 @@ class ShmConnection final : public Connection {
       return false;
     }
     have_desc_ = true;
+    g_single_copy_messages.store(g_single_copy_messages.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return true;
   }
 
@@ -674,7 +680,10 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->aborted) std::atomic<uint32_t>(0);
   new (&self->closed) std::atomic<uint32_t>(0);
   const uint64_t single_copy = params::shm_single_copy_bytes();
+  const uint64_t single_copy_plain =
+      params::shm_single_copy_plain_bytes(static_cast<int>(std::count(local.begin(), local.end(), true)));
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
+  self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
   for (int i = 0; i < n; ++i) {
@@ -709,7 +718,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Single copy needs permission to read the peers' memory (same user, and no
   // Yama/seccomp restriction): probe every local peer; if one fails, messages
   // to this rank fall back to the FIFO path.
-  if (self->cma_threshold != UINT64_MAX) {
+  if (self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX) {
     for (int i = 0; i < n; ++i) {
       if (i == r || !t->segs_[i]) continue;
       uint64_t word = 0;
@@ -720,6 +729,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
         LOOM_INFO(kLogShm, "rank {}: single-copy reads from rank {} not possible ({}); using FIFO copies", r, i,
                   err ? std::strerror(err) : "probe mismatch");
         self->cma_threshold = UINT64_MAX;
+        self->cma_plain_threshold = UINT64_MAX;
         break;
       }
     }
@@ -727,7 +737,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Shared single copy needs the reverse permission: writing into the peers
   // (the probe writes the word's own value back). Same-process peers copy
   // with memcpy and need no probe.
-  bool can_push = self->cma_threshold != UINT64_MAX;
+  bool can_push = self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX;
   for (int i = 0; i < n && can_push; ++i) {
     if (i == r || !t->segs_[i] || t->segs_[i]->pid == getpid()) continue;
     uint64_t word = kCmaMagic;
@@ -799,6 +809,7 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 }
 
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.load(std::memory_order_relaxed); }
 
 uint64_t ShmTransport::wait_timeouts() { return g_wait_timeouts.load(std::memory_order_relaxed); }
 

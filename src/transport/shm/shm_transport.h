@@ -45,6 +45,8 @@ class ShmTransport final : public Transport {
   // Small messages this process sent through cache-line slots
   // (LOOM_SHM_SLOTS), for tests; approximate when ranks are threads.
   static uint64_t slot_messages();
+  // Messages this process received by single copy (tests).
+  static uint64_t single_copy_messages();
 
   struct Segment;  // defined in the .cc
 
