@@ -62,6 +62,15 @@ struct Ctx {
                ? c.gamma_cached_us_per_byte
                : c.gamma_us_per_byte;
   }
+  // Moving one message of m bytes with per-byte cost beta in a symmetric
+  // collective: from the single-copy threshold of its class (whether the
+  // receiver reduces it or only stores it) a single copy, cheaper per byte
+  // but with a fixed cost of its own (CommCost::single_copy_*).
+  double move(double m, double beta, bool reduced) const {
+    const size_t thr = reduced ? c.single_copy_bytes : c.single_copy_plain_bytes;
+    if (thr > 0 && m >= static_cast<double>(thr)) return c.single_copy_alpha_us + m * beta * c.single_copy_factor;
+    return m * beta;
+  }
   // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.
   double direct_alpha() const { return c.all.alpha_us + std::max(0, p - 2) * c.overlap_us; }
   double direct_beta() const { return all().beta_us_per_byte / std::max(c.direct_efficiency, 1e-3); }
@@ -106,8 +115,10 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
 double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const double n = x.n, pp = x.p;
   const int L = ceil_log2(x.p);
+  // Broadcast-like sends land plain; reduce's are reduced on receipt.
+  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
   auto sender_copies = [&](double bytes) {
-    return x.c.single_copy_bytes == 0 || bytes < static_cast<double>(x.c.single_copy_bytes) ? 1.0 : 0.0;
+    return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
   };
   const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
   const double c = n / k;
@@ -134,7 +145,9 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     }
     case AlgoKind::kDirect: {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
-      return red ? (pp - 1) * (o + n * (b + gam)) : (pp - 1) * (o + sender_copies(n) * n * b) + o;
+      // Broadcast: the root's sends, or a receiver's copy when the root
+      // copies nothing (single copy: every receiver reads the root's buffer).
+      return red ? (pp - 1) * (o + n * (b + gam)) : std::max((pp - 1) * (o + sender_copies(n) * n * b) + o, o + n * b);
     }
     case AlgoKind::kScatterAllgather: {
       // A non-root rank: its scatter piece, then the ring all-gather.
@@ -235,7 +248,10 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kRing: {
           LinkCost r = x.ring();
-          t = 2 * (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte) + (pp - 1) / pp * n * x.g();
+          // Reduce-scatter messages are reduced on receipt, all-gather ones stored.
+          const double m = n / pp;
+          const double b = r.beta_us_per_byte;
+          t = (pp - 1) * (2 * r.alpha_us + x.move(m, b, true) + x.move(m, b, false)) + (pp - 1) / pp * n * x.g();
           block_chunk();
           break;
         }
@@ -253,7 +269,9 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           for (int k = 0; k < L; ++k) t += 2 * (x.lvl(k).alpha_us + n * x.lvl(k).beta_us_per_byte) + n * x.g();
           break;
         case AlgoKind::kHypercube:
-          for (int k = 0; k < L2; ++k) t += x.lvl(k).alpha_us + n * x.lvl(k).beta_us_per_byte + n * x.g();
+          // Each exchange lands in scratch and is reduced by a local step.
+          for (int k = 0; k < L2; ++k)
+            t += x.lvl(k).alpha_us + x.move(n, x.lvl(k).beta_us_per_byte, false) + n * x.g();
           t += fold_cost(x, true, true);
           break;
         case AlgoKind::kRabenseifner:
@@ -262,16 +280,16 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           for (int j = 1; j <= L2; ++j) {
             LinkCost l = x.lvl(L2 - j);
             double m = n / std::ldexp(1.0, j);
-            t += 2 * (l.alpha_us + m * l.beta_us_per_byte) + m * x.g();
+            t += 2 * l.alpha_us + x.move(m, l.beta_us_per_byte, true) + x.move(m, l.beta_us_per_byte, false) + m * x.g();
           }
           t += fold_cost(x, true, true);
           chunk = static_cast<size_t>(std::ceil(n / 2 / e.channels));
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * n * x.direct_beta() + (pp - 1) * n * x.g();
+          t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), false) + n * x.g());
           break;
         case AlgoKind::kTwoShot:
-          t = 2 * x.direct_alpha() + 2 * (pp - 1) / pp * n * x.direct_beta() + (pp - 1) / pp * n * x.g();
+          t = 2 * x.direct_alpha() + 2 * (pp - 1) * x.move(n / pp, x.direct_beta(), false) + (pp - 1) / pp * n * x.g();
           block_chunk();
           break;
         case AlgoKind::kHierarchical: {
@@ -294,14 +312,14 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kRing: {
           LinkCost r = x.ring();
-          t = (pp - 1) * (r.alpha_us + n / pp * (r.beta_us_per_byte + x.g()));
+          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, true) + n / pp * x.g());
           break;
         }
         case AlgoKind::kRabenseifner:
           for (int j = 1; j <= L; ++j) {
             LinkCost l = x.lvl(j - 1);
             double m = n / std::ldexp(1.0, j);
-            t += l.alpha_us + m * (l.beta_us_per_byte + x.g());
+            t += l.alpha_us + x.move(m, l.beta_us_per_byte, true) + m * x.g();
           }
           break;
         case AlgoKind::kDirect:
@@ -320,7 +338,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kRing: {
           LinkCost r = x.ring();
-          t = (pp - 1) * (r.alpha_us + n / pp * r.beta_us_per_byte);
+          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, false));
           break;
         }
         case AlgoKind::kHypercube:
@@ -328,18 +346,18 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // range): step j moves 2^(j-1) blocks over distance 2^(j-1).
           for (int j = 1; j <= L; ++j) {
             LinkCost l = x.lvl(j - 1);
-            t += l.alpha_us + n * std::ldexp(1.0, j - 1) / pp * l.beta_us_per_byte;
+            t += l.alpha_us + x.move(n * std::ldexp(1.0, j - 1) / pp, l.beta_us_per_byte, false);
           }
           break;
         case AlgoKind::kBruck:
           for (int k = 0; k < L; ++k) {
             LinkCost l = x.lvl(k);
             double blocks = std::min(std::ldexp(1.0, k), pp - std::ldexp(1.0, k));
-            t += l.alpha_us + blocks * n / pp * l.beta_us_per_byte;
+            t += l.alpha_us + x.move(blocks * n / pp, l.beta_us_per_byte, false);
           }
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) / pp * n * x.direct_beta();
+          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), false);
           break;
         default: return std::nullopt;
       }
@@ -387,14 +405,14 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kPairwise: {
           LinkCost l = x.all();
-          t = (pp - 1) * (l.alpha_us + n / pp * l.beta_us_per_byte);
+          t = (pp - 1) * (l.alpha_us + x.move(n / pp, l.beta_us_per_byte, false));
           break;
         }
         case AlgoKind::kBruck:
-          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + n / 2 * x.lvl(k).beta_us_per_byte;
+          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + x.move(n / 2, x.lvl(k).beta_us_per_byte, false);
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) / pp * n * x.direct_beta();
+          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), false);
           break;
         default: return std::nullopt;
       }

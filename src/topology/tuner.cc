@@ -131,7 +131,10 @@ CommCost Tuner::derive_cost(int nranks) const {
   // ranks, where direct one-shot only ties recursive doubling at 4 ranks.
   c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.4;
   c.nhosts = std::max(rt.nhosts, 1);
-  if (c.nhosts == 1) c.single_copy_bytes = params::shm_single_copy_bytes();
+  if (c.nhosts == 1) {
+    c.single_copy_bytes = params::shm_single_copy_bytes();
+    c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
+  }
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {
       if (i != j && rt.ranks[static_cast<size_t>(i)].host == rt.ranks[static_cast<size_t>(j)].host) worst(c.intra, pair(i, j));

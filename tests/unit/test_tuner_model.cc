@@ -73,6 +73,41 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
   EXPECT_NEAR(two->us, std::ceil(n / static_cast<double>(two->chunk_bytes)) * a / 2 + n * (b + g), 1e-6);
 }
 
+// Single copy (same host): messages of at least the threshold of their class
+// cost single_copy_alpha + factor x bytes; reduced messages (ring
+// reduce-scatter) keep the FIFO's cost below their higher threshold.
+TEST(TunerModel, SingleCopyMessagesByClass) {
+  const int p = 2;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3;
+  CommCost c = uniform(p);
+  c.single_copy_plain_bytes = 16 << 10;
+  c.single_copy_bytes = 256 << 10;
+  c.single_copy_factor = 0.5;
+  c.single_copy_alpha_us = 1.0;
+  const double n = 128 << 10, m = n / 2;
+  // Recursive doubling: one stored exchange of n (single copy) + reduce.
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, 128 << 10, p, c), a + 1.0 + 0.5 * n * b + n * g,
+              1e-6);
+  // Ring: reduced half through the FIFO, stored half single copy.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 128 << 10, p, c),
+              2 * a + m * b + (1.0 + 0.5 * m * b) + m * g, 1e-6);
+  // Ring reduce_scatter: its 64 KiB messages are reduced: FIFO cost.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kReduceScatter, 128 << 10, p, c), a + m * b + m * g, 1e-6);
+  // Below the plain threshold nothing changes.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 16 << 10, p, c), a + 8192 * b, 1e-6);
+}
+
+// A single-copy broadcast root copies nothing, but each receiver still
+// copies the message: the busiest rank's time grows with the size.
+// Regression: direct broadcast was priced at the root's message overheads
+// alone (3.6 us for 1 GiB at 4 ranks).
+TEST(TunerModel, DirectBroadcastCountsTheReceiversCopy) {
+  CommCost c = uniform(4);
+  c.single_copy_bytes = c.single_copy_plain_bytes = 256 << 10;
+  const double t = est(AlgoKind::kDirect, Collective::kBroadcast, size_t{1} << 30, 4, c);
+  EXPECT_GE(t, double(size_t{1} << 30) * 1e-3);
+}
+
 TEST(TunerModel, RankCountLimits) {
   CommCost c = uniform(6);
   EXPECT_FALSE(estimate(AlgoKind::kHypercube, Collective::kAllGather, 1024, 6, c).has_value());
