@@ -66,21 +66,31 @@ Result<RankSchedule> hypercube_all_gather(const CollArgs& a) {
     push_phase(s, std::move(q));
     return s;
   }
+  // A rank that folds in an extra one first receives its block; every other
+  // rank's first exchange sends just its own block, straight from the input,
+  // while its own copy into the output overlaps the exchange (as in the ring).
+  const bool folds = r < 2 * f.extra;
   Phase first;
-  first.steps.push_back(copy_step({kBufSend, 0}, own, c));
-  if (r < 2 * f.extra) first.steps.push_back(recv_step(r - 1, {kBufRecv, (r - 1) * c}, c));
-  push_phase(s, std::move(first));
+  if (folds) {
+    first.steps.push_back(copy_step({kBufSend, 0}, own, c));
+    first.steps.push_back(recv_step(r - 1, {kBufRecv, (r - 1) * c}, c));
+    push_phase(s, std::move(first));
+  } else {
+    first.steps.push_back(overlapped_copy_step({kBufSend, 0}, own, c));
+  }
   const int core = f.core_of(r);
   for (int mask = 1; mask < f.p2; mask *= 2) {
     const int base = core & ~(mask - 1), pbase = (core ^ mask) & ~(mask - 1);
     const int peer = f.member_of(core ^ mask);
     const size_t lo = first_member_or_end(f, base), hi = first_member_or_end(f, base + mask);
     const size_t plo = first_member_or_end(f, pbase), phi = first_member_or_end(f, pbase + mask);
-    Phase p;
-    p.steps.push_back(send_step(peer, {kBufRecv, lo * c}, (hi - lo) * c));
+    Phase p = (mask == 1 && !folds) ? std::move(first) : Phase{};
+    const BufRef from = (mask == 1 && !folds) ? BufRef{kBufSend, 0} : BufRef{kBufRecv, lo * c};
+    p.steps.push_back(send_step(peer, from, (hi - lo) * c));
     p.steps.push_back(recv_step(peer, {kBufRecv, plo * c}, (phi - plo) * c));
     push_phase(s, std::move(p));
   }
+  if (f.p2 == 1 && !folds) push_phase(s, std::move(first));
   if (r < 2 * f.extra) {
     Phase p;
     p.steps.push_back(send_step(r - 1, {kBufRecv, 0}, n * c));
@@ -226,13 +236,16 @@ Result<RankSchedule> bruck_all_gather(const CollArgs& a) {
       p.steps.push_back(send ? send_step(peer, ref, cnt) : recv_step(peer, ref, cnt));
     }
   };
+  // The first step sends just this rank's block: from the input, while its
+  // copy into the output overlaps the exchange.
   Phase first;
-  first.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
+  first.steps.push_back(overlapped_copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
   if (n == 1) push_phase(s, std::move(first));
   for (int dist = 1; dist < n; dist *= 2) {
     Phase p = dist == 1 ? std::move(first) : Phase{};
     const int cnt = std::min(dist, n - dist);
-    add_run(p, true, mod(r - dist, n), r, cnt);
+    if (dist == 1) p.steps.push_back(send_step(mod(r - 1, n), {kBufSend, 0}, c));
+    else add_run(p, true, mod(r - dist, n), r, cnt);
     add_run(p, false, mod(r + dist, n), mod(r + dist, n), cnt);
     push_phase(s, std::move(p));
   }
