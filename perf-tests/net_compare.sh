@@ -19,6 +19,9 @@
 #   all_reduce_perf LOOM_TRANSPORT=socket            2 and 4 ranks, busbw
 #   mpi_bench --mca btl tcp,self (Open MPI)          2 and 4 ranks, busbw
 #   gloo_bench (when it can bind a non-loopback address: GLOO_BENCH_ADDR)
+#                                                    (allreduce: one run per size and library,
+#                                                    iterations for ~256 MiB of payload,
+#                                                    10..200; --quick ~64 MiB)
 # Targets (issue 3): sendrecv >= 0.9 x iperf3 with the same stream count at
 # >= 16 MiB, like for like: one way against iperf3, both ways against
 # iperf3 --bidir; allreduce busbw >= 1.5 x Open MPI and >= 2 x Gloo at >= 1 MiB.
@@ -162,39 +165,48 @@ for S in 1 2; do
 done
 
 echo "net_compare.sh: allreduce" >&2
+# Each size gets its own run with enough iterations for about AR_BYTES of
+# payload (10 iterations of 1 MiB were ~10 ms of traffic: single runs of the
+# same binary then varied 3x), for every library alike.
+[ "$QUICK" = 1 ] && AR_BYTES=$((1 << 26)) || AR_BYTES=$((1 << 28))
 for N in 2 4; do
-  port=$((port + 1))
-  loom_run $N $port LOOM_TRANSPORT=socket -- "$BIN/all_reduce_perf" --sizes "$SIZES" "${ITERS[@]}" -c 0 --csv \
-    && take_csv allreduce loom $N oop_busbw || echo "net_compare.sh: loom allreduce n=$N failed" >&2
-  if [ -x "$BIN/mpi_bench" ] && command -v mpirun >/dev/null; then
-    # mpirun runs in namespace a (its own host); the "remote" host b is
-    # reached through an rsh agent that starts orted inside namespace b, so
-    # each rank talks to its local daemon over its own namespace's loopback.
-    agent="$OUT/netns-rsh.sh"
-    printf '#!/bin/sh\nh=$1; shift\n[ "$h" = "%s" ] && ns=%s || ns=%s\nexec ip netns exec "$ns" sh -c "$*"\n' \
-        "${ADDR[0]}" "${NS[0]}" "${NS[1]}" > "$agent"
-    chmod +x "$agent"
-    ip netns exec "${NS[0]}" mpirun --allow-run-as-root --oversubscribe -np $N \
-        -H "${ADDR[0]}:$((N / 2)),${ADDR[1]}:$((N / 2))" --mca plm_rsh_agent "$agent" \
-        --mca btl tcp,self --mca btl_tcp_if_include 198.51.100.0/24 --mca oob_tcp_if_include 198.51.100.0/24 \
-        "$BIN/mpi_bench" -c allreduce -s "$SIZES" "${ITERS[@]}" -l ompi > "$OUT/last.out" 2>> "$LOG" \
-      && take_csv allreduce ompi $N busbw || echo "net_compare.sh: Open MPI n=$N failed (see $LOG)" >&2
-  fi
-  if [ -x "$BIN/gloo_bench" ] && grep -q GLOO_BENCH_ADDR "$ROOT/perf-tests/gloo_bench.cc" 2>/dev/null; then
-    store="$(mktemp -d)"
-    pids=()
-    for ((r = 0; r < N; r++)); do
-      h=$((r * 2 / N))
-      ip netns exec "${NS[$h]}" env RANK=$r WORLD_SIZE=$N GLOO_BENCH_ADDR="${ADDR[$h]}" \
-          timeout 600 "$BIN/gloo_bench" -c allreduce -d "$store" -s "$SIZES" "${ITERS[@]}" > "$OUT/rank$r.out" 2>> "$LOG" &
-      pids+=($!)
-    done
-    ok=1; for p in "${pids[@]}"; do wait "$p" || ok=0; done
-    cp "$OUT/rank0.out" "$OUT/last.out"; rm -rf "$store"
-    [ $ok = 1 ] && take_csv allreduce gloo $N busbw gloo || echo "net_compare.sh: gloo n=$N failed" >&2
-  else
-    echo "net_compare.sh: Gloo skipped: gloo_bench missing or cannot bind a namespace address (needs GLOO_BENCH_ADDR)" >&2
-  fi
+  for SIZE in ${SIZES//,/ }; do
+    bytes=$(numfmt --from=iec "$SIZE")
+    iters=$((AR_BYTES / bytes)); [ $iters -lt "${ITERS[1]}" ] && iters=${ITERS[1]}; [ $iters -gt 200 ] && iters=200
+    ar_iters=(-n $iters -w "${ITERS[3]}")
+    port=$((port + 1))
+    loom_run $N $port LOOM_TRANSPORT=socket -- "$BIN/all_reduce_perf" --sizes "$SIZE" "${ar_iters[@]}" -c 0 --csv \
+      && take_csv allreduce loom $N oop_busbw || echo "net_compare.sh: loom allreduce n=$N failed" >&2
+    if [ -x "$BIN/mpi_bench" ] && command -v mpirun >/dev/null; then
+      # mpirun runs in namespace a (its own host); the "remote" host b is
+      # reached through an rsh agent that starts orted inside namespace b, so
+      # each rank talks to its local daemon over its own namespace's loopback.
+      agent="$OUT/netns-rsh.sh"
+      printf '#!/bin/sh\nh=$1; shift\n[ "$h" = "%s" ] && ns=%s || ns=%s\nexec ip netns exec "$ns" sh -c "$*"\n' \
+          "${ADDR[0]}" "${NS[0]}" "${NS[1]}" > "$agent"
+      chmod +x "$agent"
+      ip netns exec "${NS[0]}" mpirun --allow-run-as-root --oversubscribe -np $N \
+          -H "${ADDR[0]}:$((N / 2)),${ADDR[1]}:$((N / 2))" --mca plm_rsh_agent "$agent" \
+          --mca btl tcp,self --mca btl_tcp_if_include 198.51.100.0/24 --mca oob_tcp_if_include 198.51.100.0/24 \
+          "$BIN/mpi_bench" -c allreduce -s "$SIZE" "${ar_iters[@]}" -l ompi > "$OUT/last.out" 2>> "$LOG" \
+        && take_csv allreduce ompi $N busbw || echo "net_compare.sh: Open MPI n=$N failed (see $LOG)" >&2
+    fi
+    if [ -x "$BIN/gloo_bench" ] && grep -q GLOO_BENCH_ADDR "$ROOT/perf-tests/gloo_bench.cc" 2>/dev/null; then
+      store="$(mktemp -d)"
+      pids=()
+      for ((r = 0; r < N; r++)); do
+        h=$((r * 2 / N))
+        ip netns exec "${NS[$h]}" env RANK=$r WORLD_SIZE=$N GLOO_BENCH_ADDR="${ADDR[$h]}" \
+            timeout 600 "$BIN/gloo_bench" -c allreduce -d "$store" -s "$SIZE" "${ar_iters[@]}" > "$OUT/rank$r.out" 2>> "$LOG" &
+        pids+=($!)
+      done
+      ok=1; for p in "${pids[@]}"; do wait "$p" || ok=0; done
+      cp "$OUT/rank0.out" "$OUT/last.out"; rm -rf "$store"
+      [ $ok = 1 ] && take_csv allreduce gloo $N busbw gloo || echo "net_compare.sh: gloo n=$N failed" >&2
+    else
+      echo "net_compare.sh: Gloo skipped: gloo_bench missing or cannot bind a namespace address (needs GLOO_BENCH_ADDR)" >&2
+    fi
+  done
 done
 
 python3 - "$RAW" <<'PY' | tee "$OUT/summary.md"
