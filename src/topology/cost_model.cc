@@ -411,9 +411,16 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kBruck:
           for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + x.move(n / 2, x.lvl(k).beta_us_per_byte, false);
           break;
-        case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), false);
+        case AlgoKind::kDirect: {
+          // On one host each rank copies its p-1 incoming blocks itself, as
+          // pairwise does, just without a phase per peer: no fan-in penalty
+          // (measured, 4 and 8 ranks: direct 1.02-1.16x faster than pairwise
+          // at every size from 128 KiB). Across hosts p-1 senders converge on
+          // one NIC at once: direct_efficiency applies.
+          const double b = c.nhosts > 1 ? x.direct_beta() : x.all().beta_us_per_byte;
+          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, b, false);
           break;
+        }
         default: return std::nullopt;
       }
       block_chunk();

@@ -108,6 +108,24 @@ TEST(TunerModel, DirectBroadcastCountsTheReceiversCopy) {
   EXPECT_GE(t, double(size_t{1} << 30) * 1e-3);
 }
 
+// Direct all_to_all: on one host no fan-in penalty (each rank copies its own
+// incoming blocks, as pairwise does, in one phase instead of p-1); across
+// hosts the p-1 senders share one NIC and direct_efficiency applies.
+TEST(TunerModel, DirectAllToAllPaysFanInOnlyAcrossHosts) {
+  const int p = 4;
+  const size_t N = 8 << 20;
+  CommCost one = uniform(p);
+  EXPECT_LT(est(AlgoKind::kDirect, Collective::kAllToAll, N, p, one),
+            est(AlgoKind::kPairwise, Collective::kAllToAll, N, p, one));
+  EXPECT_NEAR(est(AlgoKind::kDirect, Collective::kAllToAll, N, p, one),
+              one.all.alpha_us + 2 * one.overlap_us + 3.0 * (N / 4) * one.all.beta_us_per_byte, 1e-6);
+  CommCost two = uniform(p);
+  two.nhosts = 2;
+  EXPECT_NEAR(est(AlgoKind::kDirect, Collective::kAllToAll, N, p, two),
+              two.all.alpha_us + 2 * two.overlap_us + 3.0 * (N / 4) * two.all.beta_us_per_byte / two.direct_efficiency,
+              1e-6);
+}
+
 TEST(TunerModel, RankCountLimits) {
   CommCost c = uniform(6);
   EXPECT_FALSE(estimate(AlgoKind::kHypercube, Collective::kAllGather, 1024, 6, c).has_value());
