@@ -177,14 +177,19 @@ TEST(Interpreter, DetectsDeadlock) {
   EXPECT_NE(st.message().find("deadlock"), std::string::npos) << st.to_string();
 }
 
-TEST(Interpreter, DetectsSizeMismatchAndHazard) {
+// Interprets one hand-written phase per rank for two ranks whose send and
+// receive buffers are 8 floats each (float sum).
+Status interpret_pair(const std::vector<Step>& rank0, const std::vector<Step>& rank1) {
   std::vector<float> a(8), b(8), c(8), d(8);
   auto p = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
-  std::vector<std::vector<std::byte*>> bufs = {{p(a), p(b)}, {p(c), p(d)}};
+  return interpret({RankSchedule{{Phase{rank0}}, 0, "t"}, RankSchedule{{Phase{rank1}}, 0, "t"}},
+                   {{p(a), p(b)}, {p(c), p(d)}}, DataType::kFloat32, RedOp::kSum);
+}
+
+TEST(Interpreter, DetectsSizeMismatchAndHazard) {
   Step snd{StepKind::kSend, 1, {kBufSend, 0}, {}, {}, 4};
   Step rcv{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 3};
-  Status st = interpret({RankSchedule{{Phase{{snd}}}, 0, "t"}, RankSchedule{{Phase{{rcv}}}, 0, "t"}}, bufs,
-                        DataType::kFloat32, RedOp::kSum);
+  Status st = interpret_pair({snd}, {rcv});
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("matched a message of 4"), std::string::npos) << st.to_string();
 
@@ -193,8 +198,7 @@ TEST(Interpreter, DetectsSizeMismatchAndHazard) {
   Step rcv2{StepKind::kRecv, 1, {}, {}, {kBufRecv, 2}, 4};
   Step snd3{StepKind::kSend, 0, {kBufSend, 0}, {}, {}, 4};
   Step rcv3{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
-  st = interpret({RankSchedule{{Phase{{snd2, rcv2}}}, 0, "t"}, RankSchedule{{Phase{{snd3, rcv3}}}, 0, "t"}}, bufs,
-                 DataType::kFloat32, RedOp::kSum);
+  st = interpret_pair({snd2, rcv2}, {snd3, rcv3});
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("overlaps"), std::string::npos) << st.to_string();
 }
@@ -204,16 +208,10 @@ TEST(Interpreter, DetectsSizeMismatchAndHazard) {
 // the other): a send into a recv_reduce without it, or a flagged send into a
 // plain recv, is rejected; matching ones pass.
 TEST(Interpreter, ChecksThatSendAndReceiveAgreeOnReduction) {
-  std::vector<float> a(8), b(8), c(8), d(8);
-  auto p = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
-  std::vector<std::vector<std::byte*>> bufs = {{p(a), p(b)}, {p(c), p(d)}};
   Step snd{StepKind::kSend, 1, {kBufSend, 0}, {}, {}, 4};
   Step rcv{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
   Step rrd{StepKind::kRecvReduce, 0, {kBufSend, 0}, {}, {kBufRecv, 0}, 4};
-  auto run = [&](const Step& s, const Step& r) {
-    return interpret({RankSchedule{{Phase{{s}}}, 0, "t"}, RankSchedule{{Phase{{r}}}, 0, "t"}}, bufs,
-                     DataType::kFloat32, RedOp::kSum);
-  };
+  auto run = [](const Step& s, const Step& r) { return interpret_pair({s}, {r}); };
   Status st = run(snd, rrd);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("not marked peer_reduces"), std::string::npos) << st.to_string();
