@@ -84,8 +84,9 @@ Result<RankSchedule> hypercube_all_gather(const CollArgs& a) {
     const int peer = f.member_of(core ^ mask);
     const size_t lo = first_member_or_end(f, base), hi = first_member_or_end(f, base + mask);
     const size_t plo = first_member_or_end(f, pbase), phi = first_member_or_end(f, pbase + mask);
-    Phase p = (mask == 1 && !folds) ? std::move(first) : Phase{};
-    const BufRef from = (mask == 1 && !folds) ? BufRef{kBufSend, 0} : BufRef{kBufRecv, lo * c};
+    const bool from_input = mask == 1 && !folds;  // the first exchange: just our own block
+    Phase p = from_input ? std::move(first) : Phase{};
+    const BufRef from = from_input ? BufRef{kBufSend, 0} : BufRef{kBufRecv, lo * c};
     p.steps.push_back(send_step(peer, from, (hi - lo) * c));
     p.steps.push_back(recv_step(peer, {kBufRecv, plo * c}, (phi - plo) * c));
     push_phase(s, std::move(p));

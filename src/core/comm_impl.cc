@@ -42,9 +42,9 @@ void WorkState::complete(Status st) {
   cv.notify_all();
 }
 
-std::shared_ptr<WorkState> WorkState::completed_ok() {
+std::shared_ptr<WorkState> WorkState::completed(Status st) {
   auto w = std::make_shared<WorkState>();
-  w->complete(Status::ok());
+  w->complete(std::move(st));
   return w;
 }
 
@@ -294,10 +294,7 @@ Result<Work> CommImpl::enqueue(Op& op) {
       Status st = execute(op);
       unfinished_.fetch_sub(1, std::memory_order_acq_rel);
       inline_ops_.fetch_add(1, std::memory_order_relaxed);
-      if (st.is_ok()) return Work(done_ok_);
-      auto failed = std::make_shared<WorkState>();
-      failed->complete(st);
-      return Work(failed);
+      return Work(st.is_ok() ? done_ok_ : WorkState::completed(st));
     }
   }
   op.work = std::make_shared<WorkState>();

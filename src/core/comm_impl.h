@@ -43,7 +43,7 @@ struct WorkState {
   std::condition_variable cv;
   std::weak_ptr<EngineGate> gate;
   void complete(Status st);
-  static std::shared_ptr<WorkState> completed_ok();
+  static std::shared_ptr<WorkState> completed(Status st);  // already done, with st
 };
 
 // Holds an op back until something outside Loom is ready (the shim: the
@@ -180,7 +180,7 @@ class CommImpl final : public diag::DiagClient {
   std::map<ScheduleKey, RankSchedule> schedule_cache_;  // engine thread only
   std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
   std::shared_ptr<EngineGate> gate_ = std::make_shared<EngineGate>();
-  std::shared_ptr<WorkState> done_ok_ = WorkState::completed_ok();  // shared by ops run at issue
+  std::shared_ptr<WorkState> done_ok_ = WorkState::completed(Status::ok());  // shared by ops run at issue
   std::atomic<uint64_t> inline_ops_{0};
   std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes

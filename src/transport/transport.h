@@ -30,10 +30,6 @@ class Connection {
   virtual std::span<const std::byte> recv_peek(size_t msg_remaining) = 0;
   // Releases the first n bytes returned by recv_peek.
   virtual void recv_consume(size_t n, size_t msg_remaining) = 0;
-  // Receives up to msg_remaining bytes of the current incoming message
-  // straight into dst and returns how many; 0 when nothing has arrived.
-  // Transports with a single-copy path (shm + CMA) override it; the default
-  // copies out of recv_peek.
   // The executor's hint before a send: true when this rank's current phase
   // only sends, so its thread is idle while the peer copies. A transport
   // may then let the receiver hand part of a single-copy message back for
@@ -46,6 +42,10 @@ class Connection {
   // from a lower size for plain messages). Read only when a message starts.
   void set_send_reduced(bool reduced) { send_reduced_ = reduced; }
   void set_recv_reduced(bool reduced) { recv_reduced_ = reduced; }
+  // Receives up to msg_remaining bytes of the current incoming message
+  // straight into dst and returns how many; 0 when nothing has arrived.
+  // Transports with a single-copy path (shm + CMA) override it; the default
+  // copies out of recv_peek.
   virtual size_t recv_into(std::byte* dst, size_t msg_remaining) {
     size_t done = 0;
     while (done < msg_remaining) {

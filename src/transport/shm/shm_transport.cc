@@ -86,12 +86,14 @@ constexpr uint64_t kCmaSenderCanPush = 1;
 constexpr size_t kPushMinBytes = 512 << 10;  // below this, one reader is as fast
 std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this process
 std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, this process
-// Small messages sent through slots, this process (tests). Bumped with a
-// plain load + store, not an atomic increment: with several thread ranks a
-// count may be lost, which only matters to a test that asks for > 0.
+// Test counters of this process: small messages sent through slots, and
+// messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
-// Messages received by single copy, this process (tests); bumped the same way.
 std::atomic<uint64_t> g_single_copy_messages{0};
+// Bumps a test counter on the message path with a plain load + store, not an
+// atomic increment: with several thread ranks a count may be lost, which only
+// matters to a test that asks for > 0.
+void bump_test_counter(std::atomic<uint64_t>& c) { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 constexpr uint64_t kCmaMagic = 0x434d41444553431ull;
 constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
 constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
@@ -336,7 +338,7 @@ class ShmConnection final : public Connection {
     std::memcpy(slot.data, src, len);
     slot.stamp.store(++slot_seq_, std::memory_order_release);
     peer_->ring_if_armed();
-    g_slot_messages.store(g_slot_messages.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    bump_test_counter(g_slot_messages);
     return len;
   }
 
@@ -492,7 +494,7 @@ class ShmConnection final : public Connection {
       return false;
     }
     have_desc_ = true;
-    g_single_copy_messages.store(g_single_copy_messages.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    bump_test_counter(g_single_copy_messages);
     return true;
   }
 
@@ -624,6 +626,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
                                                            size_t fifo_bytes, Deadline deadline) {
   std::unique_ptr<ShmTransport> t(new ShmTransport());
   const int n = boot.nranks(), r = boot.rank();
+  const int nlocal = static_cast<int>(std::count(local.begin(), local.end(), true));  // this rank included
   t->rank_ = r;
   t->nranks_ = n;
   t->fifo_bytes_ = std::max<size_t>(4096, round8(fifo_bytes));
@@ -657,7 +660,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     if (e != 0 && e != EOPNOTSUPP && e != EINVAL) {
       close(fd);
       shm_unlink(t->own_name_.c_str());
-      const auto local_peers = std::count(local.begin(), local.end(), true) - 1;
+      const int local_peers = nlocal - 1;
       return system_error(fmt::format("reserving {} MiB of shared memory for {} local peers' FIFOs (is /dev/shm large "
                                       "enough? Docker: --shm-size; or lower LOOM_SHM_FIFO_BYTES)",
                                       (local_peers * t->fifo_bytes_) >> 20, local_peers),
@@ -680,8 +683,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->aborted) std::atomic<uint32_t>(0);
   new (&self->closed) std::atomic<uint32_t>(0);
   const uint64_t single_copy = params::shm_single_copy_bytes();
-  const uint64_t single_copy_plain =
-      params::shm_single_copy_plain_bytes(static_cast<int>(std::count(local.begin(), local.end(), true)));
+  const uint64_t single_copy_plain = params::shm_single_copy_plain_bytes(nlocal);
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
@@ -763,7 +765,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, can_push);
   }
   LOOM_INFO(kLogShm, "rank {}: shm transport up, {} local peers, fifo {} KiB", r,
-            std::count(local.begin(), local.end(), true) - 1, t->fifo_bytes_ >> 10);
+            nlocal - 1, t->fifo_bytes_ >> 10);
   return t;
 }
 
