@@ -20,15 +20,17 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_WORLD_SIZE", "int", "", "Number of ranks (env bootstrap)."},
       {"LOOM_ROOT_ADDR", "string", "", "host:port where rank 0 listens for the rendezvous (env bootstrap)."},
       {"LOOM_SHM_FIFO_BYTES", "bytes", "2M", "Size of each shared-memory FIFO between two ranks (one per direction)."},
-      {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "256K",
+      {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv, one copy instead of two); 0 disables. Applies to messages the receiver reduces; "
-       "set, it is also the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES."},
+       "set, it is also the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: 256K when the host runs no more "
+       "ranks than it has CPUs, else 0 (oversubscribed, the receiver's work is what counts, and single copy "
+       "does not reduce it)."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
        "Single-copy threshold for messages the receiver only stores (all_gather, broadcast, all_to_all, send/recv, "
-       "exchanges of recursive doubling and one-shot allreduce); 0 disables. auto: 16K when the host runs no more "
-       "ranks than it has CPUs, else LOOM_SHM_SINGLE_COPY_BYTES (an oversubscribed sender would wait for a "
-       "descheduled reader)."},
+       "exchanges of recursive doubling and one-shot allreduce); 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
+       "set, else 16K when the host runs no more ranks than it has CPUs, else 256K (an oversubscribed sender "
+       "would wait for a descheduled reader)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
@@ -166,16 +168,35 @@ uint64_t env_bytes(const char* name, uint64_t def) {
 namespace params {
 double timeout_s() { return env_double("LOOM_TIMEOUT", 300.0); }
 uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20); }
-uint64_t shm_single_copy_bytes() { return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", 256ull << 10); }
+namespace {
+constexpr uint64_t kSingleCopyBytes = 256ull << 10;
+}  // namespace
+
+bool oversubscribed(int local_ranks) { return local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+
+uint64_t shm_single_copy_bytes(int local_ranks) {
+  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", kSingleCopyBytes);
+  // A reduced message read single copy saves the sender's copy into the FIFO but
+  // not the receiver's work: it still lands the bytes (now by system call) and
+  // reduces them. With a core per rank the sender's time is what is saved; with
+  // more ranks than cores the total CPU per op is what counts, and it only adds
+  // the system call, the page pinning and a sender parked until its reader runs.
+  // Measured, 2 cores, forced off against 256K: reduce_scatter ring 8 ranks
+  // 2 MiB 1930-1977 -> 1190-1217 us, 8 MiB 6524-7110 -> 5685-5897; allreduce
+  // ring 4 ranks 2 MiB 1311-1320 -> 1058-1097, 8 ranks 8 MiB 13421-15051 ->
+  // 12452-12815; recursive halving no slower anywhere.
+  if (oversubscribed(local_ranks)) return 0;
+  return kSingleCopyBytes;
+}
 uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES"))
-    return env_bytes("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", shm_single_copy_bytes());
-  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes();
+    return env_bytes("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", kSingleCopyBytes);
+  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
   // A plain receive saves a whole copy from here on (measured, 2 ranks: all_gather 64 KiB 4.4 -> 3.4 us,
   // 256 KiB 16 -> 8 us); a reduced one only moves the sender's copy to the receiver, so it keeps the
   // higher threshold. Oversubscribed, a sender waiting for its reader's acknowledgement waits for a
   // core too (4 ranks on 2 cores: broadcast 64 KiB 10 -> 26 us at 16K).
-  if (local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))) return shm_single_copy_bytes();
+  if (oversubscribed(local_ranks)) return kSingleCopyBytes;
   return 16ull << 10;
 }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }

@@ -37,9 +37,12 @@ bool parse_bytes(const std::string& text, uint64_t* out);
 namespace params {
 double timeout_s();          // LOOM_TIMEOUT
 uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
-uint64_t shm_single_copy_bytes();  // LOOM_SHM_SINGLE_COPY_BYTES (messages the receiver reduces)
-// LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (messages the receiver stores); the auto
-// default depends on how many ranks share this host's CPUs.
+// LOOM_SHM_SINGLE_COPY_BYTES (messages the receiver reduces) and
+// LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (messages the receiver stores); 0 = never.
+// Their defaults depend on how many ranks share this host's CPUs.
+uint64_t shm_single_copy_bytes(int local_ranks);
+// More ranks on this host than it has CPUs online.
+bool oversubscribed(int local_ranks);
 uint64_t shm_single_copy_plain_bytes(int local_ranks);
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN

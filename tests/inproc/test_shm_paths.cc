@@ -123,17 +123,55 @@ TEST(ShmPaths, StoredMessagesGoSingleCopyFromTheirOwnThreshold) {
   }
 }
 
-// The default plain threshold: 16 KiB while the host's ranks have a CPU
-// each, else the reduced messages' threshold; an explicit
-// LOOM_SHM_SINGLE_COPY_BYTES sets both, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
-TEST(ShmPaths, PlainSingleCopyThresholdDefaults) {
+// Oversubscribed (more ranks on the host than CPUs), the default sends no
+// reduced message single copy: it would not lower the receiver's work, only
+// add a system call and park the sender (regression: reduce_scatter ring,
+// 8 ranks on 2 cores, 2 MiB: 1930-1977 us with 256 KiB reduced messages
+// single copy, 1190-1217 without). Stored messages still go single copy.
+// With a CPU per rank the reduced ones do, from 256 KiB.
+TEST(ShmPaths, OversubscribedRanksReadNoReducedMessageSingleCopy) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  struct Mode {
+    int ranks;
+    Collective coll;
+    bool single_copy;
+  };
+  std::vector<Mode> modes = {{cpus + 1, Collective::kReduceScatter, false}, {cpus + 1, Collective::kAllGather, true}};
+  if (cpus >= 2) modes.push_back({2, Collective::kReduceScatter, true});
+  for (const Mode& m : modes) {
+    setenv("LOOM_SHM_FIFO_BYTES", "256K", 1);  // cpus + 1 ranks: keep the FIFOs small
+    setenv("LOOM_ALGO", "all_gather:ring;reduce_scatter:ring", 1);
+    auto comms = Comm::init_all(m.ranks);
+    unsetenv("LOOM_SHM_FIFO_BYTES");
+    unsetenv("LOOM_ALGO");
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    testing::Case cs;
+    cs.coll = m.coll;
+    cs.count = 65536;  // floats per rank: 256 KiB ring messages
+    const uint64_t before = ShmTransport::single_copy_messages();
+    run_all(*comms, {cs});
+    const uint64_t got = ShmTransport::single_copy_messages() - before;
+    if (m.single_copy) EXPECT_GT(got, 0u) << collective_name(m.coll) << ", " << m.ranks << " ranks, " << cpus << " CPUs";
+    else EXPECT_EQ(got, 0u) << collective_name(m.coll) << ", " << m.ranks << " ranks, " << cpus << " CPUs";
+  }
+}
+
+// The default thresholds. Stored messages: 16 KiB while the host's ranks
+// have a CPU each, else 256 KiB. Reduced messages: 256 KiB with a CPU per
+// rank, never when oversubscribed. An explicit LOOM_SHM_SINGLE_COPY_BYTES
+// sets both, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
+TEST(ShmPaths, SingleCopyThresholdDefaults) {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 16u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus), 16u << 10);
-  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), params::shm_single_copy_bytes());
-  EXPECT_EQ(params::shm_single_copy_bytes(), 256u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 256u << 10);
+  EXPECT_EQ(params::shm_single_copy_bytes(1), 256u << 10);
+  EXPECT_EQ(params::shm_single_copy_bytes(cpus), 256u << 10);
+  EXPECT_EQ(params::shm_single_copy_bytes(cpus + 1), 0u);
   setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 64u << 10);
+  EXPECT_EQ(params::shm_single_copy_bytes(cpus + 1), 64u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 64u << 10);
   setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "8K", 1);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 8u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 8u << 10);

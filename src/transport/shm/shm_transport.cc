@@ -682,7 +682,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->waiters) std::atomic<uint32_t>(0);
   new (&self->aborted) std::atomic<uint32_t>(0);
   new (&self->closed) std::atomic<uint32_t>(0);
-  const uint64_t single_copy = params::shm_single_copy_bytes();
+  const uint64_t single_copy = params::shm_single_copy_bytes(nlocal);
   const uint64_t single_copy_plain = params::shm_single_copy_plain_bytes(nlocal);
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
