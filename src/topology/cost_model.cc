@@ -25,6 +25,13 @@ int floor_pow2(int p) {
 bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 
 // Cost of the communicator shape with the channel-count bandwidth factor applied.
+// What the receiver does with a message: stores it (all_gather, broadcast),
+// reduces it as it arrives (ring / halving reduce-scatter), or stores it in
+// scratch for a local reduction step (recursive doubling, one-shot, two-shot).
+// The transport picks the single-copy threshold by the first two (the last is
+// a stored message to it); the model also needs the third.
+enum class Land { kStore, kReduce, kStoreThenReduce };
+
 struct Ctx {
   const CommCost& c;
   double n;  // bytes
@@ -66,10 +73,14 @@ struct Ctx {
   // collective: from the single-copy threshold of its class (whether the
   // receiver reduces it or only stores it) a single copy, cheaper per byte
   // but with a fixed cost of its own (CommCost::single_copy_*).
-  double move(double m, double beta, bool reduced) const {
-    const size_t thr = reduced ? c.single_copy_bytes : c.single_copy_plain_bytes;
-    if (thr > 0 && m >= static_cast<double>(thr)) return c.single_copy_alpha_us + m * beta * c.single_copy_factor;
-    return m * beta;
+  double move(double m, double beta, Land land) const {
+    const size_t thr = land == Land::kReduce ? c.single_copy_bytes : c.single_copy_plain_bytes;
+    if (thr == 0 || m < static_cast<double>(thr)) return m * beta;
+    // Stored into scratch only to be reduced by a local step: with more
+    // ranks than cores the total work is what counts, and that is the
+    // reduced FIFO message's (one copy, then the reduction): no discount.
+    const double f = land == Land::kStoreThenReduce && c.oversubscribed ? 1.0 : c.single_copy_factor;
+    return c.single_copy_alpha_us + m * beta * f;
   }
   // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.
   double direct_alpha() const { return c.all.alpha_us + std::max(0, p - 2) * c.overlap_us; }
@@ -251,7 +262,8 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // Reduce-scatter messages are reduced on receipt, all-gather ones stored.
           const double m = n / pp;
           const double b = r.beta_us_per_byte;
-          t = (pp - 1) * (2 * r.alpha_us + x.move(m, b, true) + x.move(m, b, false)) + (pp - 1) / pp * n * x.g();
+          t = (pp - 1) * (2 * r.alpha_us + x.move(m, b, Land::kReduce) + x.move(m, b, Land::kStore)) +
+              (pp - 1) / pp * n * x.g();
           block_chunk();
           break;
         }
@@ -271,7 +283,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kHypercube:
           // Each exchange lands in scratch and is reduced by a local step.
           for (int k = 0; k < L2; ++k)
-            t += x.lvl(k).alpha_us + x.move(n, x.lvl(k).beta_us_per_byte, false) + n * x.g();
+            t += x.lvl(k).alpha_us + x.move(n, x.lvl(k).beta_us_per_byte, Land::kStoreThenReduce) + n * x.g();
           t += fold_cost(x, true, true);
           break;
         case AlgoKind::kRabenseifner:
@@ -280,16 +292,19 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           for (int j = 1; j <= L2; ++j) {
             LinkCost l = x.lvl(L2 - j);
             double m = n / std::ldexp(1.0, j);
-            t += 2 * l.alpha_us + x.move(m, l.beta_us_per_byte, true) + x.move(m, l.beta_us_per_byte, false) + m * x.g();
+            t += 2 * l.alpha_us + x.move(m, l.beta_us_per_byte, Land::kReduce) + x.move(m, l.beta_us_per_byte, Land::kStore) +
+                 m * x.g();
           }
           t += fold_cost(x, true, true);
           chunk = static_cast<size_t>(std::ceil(n / 2 / e.channels));
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), false) + n * x.g());
+          t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), Land::kStoreThenReduce) + n * x.g());
           break;
         case AlgoKind::kTwoShot:
-          t = 2 * x.direct_alpha() + 2 * (pp - 1) * x.move(n / pp, x.direct_beta(), false) + (pp - 1) / pp * n * x.g();
+          // Reduce-scatter by direct reads into scratch + local reduce, then gather.
+          t = 2 * x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStoreThenReduce) +
+              (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStore) + (pp - 1) / pp * n * x.g();
           block_chunk();
           break;
         case AlgoKind::kHierarchical: {
@@ -312,14 +327,14 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kRing: {
           LinkCost r = x.ring();
-          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, true) + n / pp * x.g());
+          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, Land::kReduce) + n / pp * x.g());
           break;
         }
         case AlgoKind::kRabenseifner:
           for (int j = 1; j <= L; ++j) {
             LinkCost l = x.lvl(j - 1);
             double m = n / std::ldexp(1.0, j);
-            t += l.alpha_us + x.move(m, l.beta_us_per_byte, true) + m * x.g();
+            t += l.alpha_us + x.move(m, l.beta_us_per_byte, Land::kReduce) + m * x.g();
           }
           break;
         case AlgoKind::kDirect:
@@ -338,7 +353,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kRing: {
           LinkCost r = x.ring();
-          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, false));
+          t = (pp - 1) * (r.alpha_us + x.move(n / pp, r.beta_us_per_byte, Land::kStore));
           break;
         }
         case AlgoKind::kHypercube:
@@ -346,18 +361,18 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // range): step j moves 2^(j-1) blocks over distance 2^(j-1).
           for (int j = 1; j <= L; ++j) {
             LinkCost l = x.lvl(j - 1);
-            t += l.alpha_us + x.move(n * std::ldexp(1.0, j - 1) / pp, l.beta_us_per_byte, false);
+            t += l.alpha_us + x.move(n * std::ldexp(1.0, j - 1) / pp, l.beta_us_per_byte, Land::kStore);
           }
           break;
         case AlgoKind::kBruck:
           for (int k = 0; k < L; ++k) {
             LinkCost l = x.lvl(k);
             double blocks = std::min(std::ldexp(1.0, k), pp - std::ldexp(1.0, k));
-            t += l.alpha_us + x.move(blocks * n / pp, l.beta_us_per_byte, false);
+            t += l.alpha_us + x.move(blocks * n / pp, l.beta_us_per_byte, Land::kStore);
           }
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), false);
+          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStore);
           break;
         default: return std::nullopt;
       }
@@ -405,11 +420,11 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
       switch (a) {
         case AlgoKind::kPairwise: {
           LinkCost l = x.all();
-          t = (pp - 1) * (l.alpha_us + x.move(n / pp, l.beta_us_per_byte, false));
+          t = (pp - 1) * (l.alpha_us + x.move(n / pp, l.beta_us_per_byte, Land::kStore));
           break;
         }
         case AlgoKind::kBruck:
-          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + x.move(n / 2, x.lvl(k).beta_us_per_byte, false);
+          for (int k = 0; k < L; ++k) t += x.lvl(k).alpha_us + x.move(n / 2, x.lvl(k).beta_us_per_byte, Land::kStore);
           break;
         case AlgoKind::kDirect: {
           // On one host each rank copies its p-1 incoming blocks itself, as
@@ -418,7 +433,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // at every size from 128 KiB). Across hosts p-1 senders converge on
           // one NIC at once: direct_efficiency applies.
           const double b = c.nhosts > 1 ? x.direct_beta() : x.all().beta_us_per_byte;
-          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, b, false);
+          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, b, Land::kStore);
           break;
         }
         default: return std::nullopt;

@@ -87,6 +87,11 @@ struct CommCost {
   // and the acknowledgement the sender waits for. Measured, 2 ranks: a 32 KiB
   // single-copy all_gather message 3.6 us against 2.6 us of alpha + bytes.
   double single_copy_alpha_us = 1.0;
+  // More ranks on the host than CPUs: ranks take turns on the cores, so an
+  // op costs the ranks' summed work, not its critical path. A single-copy
+  // message that lands in scratch to be reduced then saves nothing over a
+  // reduced FIFO message (the sender's copy becomes the receiver's).
+  bool oversubscribed = false;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };

@@ -132,8 +132,9 @@ CommCost Tuner::derive_cost(int nranks) const {
   c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.4;
   c.nhosts = std::max(rt.nhosts, 1);
   if (c.nhosts == 1) {
-    c.single_copy_bytes = params::shm_single_copy_bytes();
+    c.single_copy_bytes = params::shm_single_copy_bytes(p);
     c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
+    c.oversubscribed = params::oversubscribed(p);
   }
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {
