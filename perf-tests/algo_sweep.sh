@@ -17,6 +17,13 @@
 #   -R N       rounds (default 1): every algorithm runs N times, interleaved
 #              (round 1 of all, round 2 of all, ...); each size keeps its
 #              fastest round, so a load burst during one run does not decide
+#   -C N       confirmation rounds (default 5, 0 = none): every size where the
+#              automatic choice measured more than 10% slower than the best is
+#              measured again, the chosen and the best algorithm only,
+#              interleaved N times, with enough iterations for ~20 ms of timing
+#              per run, the size given twice (the first pass is a warm-up); the
+#              verdict is taken from these fastest-of-N times, and the table
+#              shows both ratios
 #   -x ARGS    extra arguments for the *_perf runs, e.g. -x "-z 1": blocking,
 #              one op at a time: the model predicts one op's latency, while
 #              back-to-back rooted ops (broadcast, reduce) overlap each other
@@ -25,12 +32,13 @@
 set -euo pipefail
 
 BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out ROUNDS=1 EXTRA=""
-while getopts "B:c:r:b:e:f:n:w:a:o:R:x:h" opt; do
+CONFIRM=5
+while getopts "B:c:r:b:e:f:n:w:a:o:R:C:x:h" opt; do
   case $opt in
     B) BUILD=$OPTARG ;; c) COLL=$OPTARG ;; r) RANKS=$OPTARG ;; b) MINB=$OPTARG ;; e) MAXB=$OPTARG ;;
     f) FACTOR=$OPTARG ;; n) ITERS=$OPTARG ;; w) WARM=$OPTARG ;; a) ALGOS=$OPTARG ;; o) OUT=$OPTARG ;;
-    R) ROUNDS=$OPTARG ;; x) EXTRA=$OPTARG ;;
-    *) sed -n '2,23p' "$0"; exit 2 ;;
+    R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; x) EXTRA=$OPTARG ;;
+    *) sed -n '2,31p' "$0"; exit 2 ;;
   esac
 done
 
@@ -76,9 +84,22 @@ for n in "${rank_list[@]}"; do
 done
 
 # Analysis: predicted vs measured per algorithm, and the automatic choice.
-python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" <<'EOF'
-import csv, os, re, sys
-out, coll, ranks, algos = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(",")
+# $1 = misses: list the sizes where the choice is more than 10% off the best
+# ("n size choice best best_us" per line); $1 = report: the tables, with the
+# confirmation runs' verdict where there are any.
+analyze() {
+python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" "$1" <<'EOF'
+import collections, csv, os, re, sys
+out, coll, ranks, algos, mode = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(","), sys.argv[5]
+# Confirmation runs: (n, size, algo) -> fastest time over the rounds, and the rounds.
+confirm, confirm_rounds = {}, collections.Counter()
+cpath = os.path.join(out, "confirm.csv")
+if mode == "report" and os.path.exists(cpath):
+    for r in csv.reader(open(cpath)):
+        if len(r) != 5 or not r[4]: continue
+        key, t = (int(r[0]), int(r[1]), r[2]), float(r[4])
+        confirm_rounds[key] += 1
+        if t > 0 and (key not in confirm or t < confirm[key]): confirm[key] = t
 # loomrun merges the ranks' stderr into stdout with a "[rank]" prefix; the
 # engine logs "... rank 0: allreduce 8 B -> tree (LOOM_ALGO, predicted 2.0 us, ...)".
 pat = re.compile(r"rank 0: (\S+) (\d+) B -> (\S+) \(([^,]+), predicted (-?[\d.]+) us")
@@ -114,9 +135,10 @@ for n in map(int, ranks):
     auto_meas, auto_pred = load(n, "auto")
     sizes = sorted(set().union(*[set(m.keys()) for m, _ in data.values()]))
     rows = []
-    print(f"\n### {coll}, {n} ranks: measured us (predicted us, error %)")
-    print("| size | " + " | ".join(algos) + " | auto choice | best measured | auto/best | ok |")
-    print("|" + "---|" * (len(algos) + 5))
+    if mode == "report":
+        print(f"\n### {coll}, {n} ranks: measured us (predicted us, error %)")
+        print("| size | " + " | ".join(algos) + " | auto choice | best measured | auto/best | confirmed | ok |")
+        print("|" + "---|" * (len(algos) + 6))
     bad = 0
     for s in sizes:
         b = per_rank_bytes(s, n)
@@ -139,15 +161,28 @@ for n in map(int, ranks):
         chosen_t = data[choice][0].get(s) if choice in data else None
         ratio = chosen_t / best[1] if (best and chosen_t) else float("nan")
         ok = chosen_t is not None and ratio <= 1.10
+        if mode == "misses":
+            if not ok and chosen_t is not None: print(n, s, choice, best[0], f"{best[1]:.3f}")
+            continue
+        # A miss measured again (-C): the chosen and the best algorithm,
+        # interleaved; the verdict is theirs (the sweep's ratio stays shown).
+        confirmed = "-"
+        cc, cb = confirm.get((n, s, choice)), confirm.get((n, s, best[0] if best else ""))
+        if not ok and cc and cb:
+            cratio = cc / cb
+            confirmed = f"{cratio:.2f} ({cc:.1f} vs {cb:.1f} us, {confirm_rounds[(n, s, choice)]} rounds)"
+            ok = cratio <= 1.10
         bad += not ok
-        print(f"| {s} | " + " | ".join(cells) + f" | {choice} | {best[0] if best else '-'} | {ratio:.2f} | {'yes' if ok else 'NO'} |")
+        print(f"| {s} | " + " | ".join(cells) + f" | {choice} | {best[0] if best else '-'} | {ratio:.2f} | {confirmed} | {'yes' if ok else 'NO'} |")
         rows.append((s, {a: data[a][0].get(s) for a in algos}))
+    if mode == "misses": continue
     summary.append((n, bad, len(sizes)))
     # busbw-style data for gnuplot: size then one time column per algorithm.
     with open(os.path.join(out, f"{coll}_n{n}.dat"), "w") as f:
         f.write("# size " + " ".join(algos) + "\n")
         for s, ts in rows:
             f.write(f"{s} " + " ".join(f"{ts[a]:.3f}" if ts[a] else "NaN" for a in algos) + "\n")
+if mode == "misses": sys.exit(0)
 # Calibration hint from the ring (every rank count): t = 2(p-1) alpha +
 # 2(p-1)/p S beta + (p-1)/p S gamma, with gamma kept at the model's 8 GB/s;
 # alpha from the smallest size, beta from the largest.
@@ -165,6 +200,35 @@ print()
 for n, bad, total in summary:
     print(f"{coll} n={n}: automatic choice within 10% of the best at {total-bad}/{total} sizes")
 EOF
+}
+
+# Confirmation: a 10% verdict on one run of a few hundred microseconds is at
+# the mercy of one preemption (a 0.7 us op timed 100 times measures 1.5 us
+# once in a while). Each miss is measured again before it counts.
+: > "$OUT/confirm.csv"
+if (( CONFIRM > 0 )); then
+  analyze misses > "$OUT/misses.txt"
+  extra=()
+  [[ -n $EXTRA ]] && read -r -a extra <<< "$EXTRA"
+  while read -r n s choice best tbest; do
+    [[ $choice == *"?" ]] && continue
+    iters=$(python3 -c "print(max(20, min(20000, int(20000 / max($tbest, 0.1)))))")
+    echo "== confirming $COLL n=$n size $s: $choice against $best, $CONFIRM rounds of $iters iterations" >&2
+    for ((round = 1; round <= CONFIRM; round++)); do
+      for a in "$choice" "$best"; do
+        csvf="$OUT/confirm_last.csv"
+        rm -f "$csvf"
+        env "LOOM_ALGO=$COLL:$a" "$LOOMRUN" -n "$n" "$PERF" --sizes "$s,$s" -c 0 -n "$iters" -w "$WARM" \
+            "${extra[@]}" --csv="$csvf" > /dev/null 2>> "$OUT/confirm.log" < /dev/null \
+          || { echo "   failed: see $OUT/confirm.log" >&2; continue; }
+        # The second row: the first pass over the size is a warm-up.
+        t=$(awk -F, 'NR > 1 {t = $8} END {print t}' "$csvf")
+        echo "$n,$s,$a,$round,$t" >> "$OUT/confirm.csv"
+      done
+    done
+  done < "$OUT/misses.txt"
+fi
+analyze report
 
 # Plots: algorithm bandwidth (size / time) vs size, one PNG per rank count.
 if command -v gnuplot > /dev/null; then
