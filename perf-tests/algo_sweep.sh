@@ -24,6 +24,7 @@
 #              per run, the size given twice (the first pass is a warm-up); the
 #              verdict is taken from these fastest-of-N times, and the table
 #              shows both ratios
+#   -N         no runs: analyze (and plot) what -o DIR already holds
 #   -x ARGS    extra arguments for the *_perf runs, e.g. -x "-z 1": blocking,
 #              one op at a time: the model predicts one op's latency, while
 #              back-to-back rooted ops (broadcast, reduce) overlap each other
@@ -32,13 +33,13 @@
 set -euo pipefail
 
 BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out ROUNDS=1 EXTRA=""
-CONFIRM=5
-while getopts "B:c:r:b:e:f:n:w:a:o:R:C:x:h" opt; do
+CONFIRM=5 ANALYZE_ONLY=0
+while getopts "B:c:r:b:e:f:n:w:a:o:R:C:Nx:h" opt; do
   case $opt in
     B) BUILD=$OPTARG ;; c) COLL=$OPTARG ;; r) RANKS=$OPTARG ;; b) MINB=$OPTARG ;; e) MAXB=$OPTARG ;;
     f) FACTOR=$OPTARG ;; n) ITERS=$OPTARG ;; w) WARM=$OPTARG ;; a) ALGOS=$OPTARG ;; o) OUT=$OPTARG ;;
-    R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; x) EXTRA=$OPTARG ;;
-    *) sed -n '2,31p' "$0"; exit 2 ;;
+    R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; N) ANALYZE_ONLY=1 ;; x) EXTRA=$OPTARG ;;
+    *) sed -n '2,32p' "$0"; exit 2 ;;
   esac
 done
 
@@ -76,7 +77,7 @@ run_one() {
 
 IFS=, read -r -a rank_list <<< "$RANKS"
 IFS=, read -r -a algo_list <<< "$ALGOS"
-for n in "${rank_list[@]}"; do
+(( ANALYZE_ONLY )) || for n in "${rank_list[@]}"; do
   run_one "$n" auto 1  # the automatic choice and the model's predictions
   for ((round = 1; round <= ROUNDS; round++)); do
     for a in "${algo_list[@]}"; do run_one "$n" "$a" "$round"; done
@@ -139,9 +140,16 @@ for n in map(int, ranks):
         print(f"\n### {coll}, {n} ranks: measured us (predicted us, error %)")
         print("| size | " + " | ".join(algos) + " | auto choice | best measured | auto/best | confirmed | ok |")
         print("|" + "---|" * (len(algos) + 6))
-    bad = 0
+    bad = empty = 0
     for s in sizes:
         b = per_rank_bytes(s, n)
+        if b < 4:
+            # Less than one float per rank: every algorithm runs the same
+            # empty schedule (no message), so there is no choice to judge.
+            empty += 1
+            if mode == "report":
+                print(f"| {s} | " + " | ".join("-" for _ in algos) + " | - | - | - | - | 0 elements per rank, not judged |")
+            continue
         cells, best = [], None
         for a in algos:
             m, p = data[a]
@@ -176,7 +184,7 @@ for n in map(int, ranks):
         print(f"| {s} | " + " | ".join(cells) + f" | {choice} | {best[0] if best else '-'} | {ratio:.2f} | {confirmed} | {'yes' if ok else 'NO'} |")
         rows.append((s, {a: data[a][0].get(s) for a in algos}))
     if mode == "misses": continue
-    summary.append((n, bad, len(sizes)))
+    summary.append((n, bad, len(sizes) - empty))
     # busbw-style data for gnuplot: size then one time column per algorithm.
     with open(os.path.join(out, f"{coll}_n{n}.dat"), "w") as f:
         f.write("# size " + " ".join(algos) + "\n")
@@ -205,8 +213,8 @@ EOF
 # Confirmation: a 10% verdict on one run of a few hundred microseconds is at
 # the mercy of one preemption (a 0.7 us op timed 100 times measures 1.5 us
 # once in a while). Each miss is measured again before it counts.
-: > "$OUT/confirm.csv"
-if (( CONFIRM > 0 )); then
+(( ANALYZE_ONLY )) || : > "$OUT/confirm.csv"
+if (( CONFIRM > 0 && ! ANALYZE_ONLY )); then
   analyze misses > "$OUT/misses.txt"
   extra=()
   [[ -n $EXTRA ]] && read -r -a extra <<< "$EXTRA"
