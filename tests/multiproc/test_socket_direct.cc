@@ -7,6 +7,7 @@
 // Asserts on behaviour: every byte intact, windows really used (or not,
 // when disabled), and no progress thread slept through a poll timeout with
 // work waiting (a lost wake-up between executor and progress threads).
+#include <algorithm>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,14 +45,14 @@ struct Totals {
 // Rank r sends message m to the peer while receiving the peer's message m.
 // Odd messages are read through recv_peek/recv_consume (the ring, as a
 // reduction does), even ones through recv_into (windows when large).
-int exchange(const UniqueId& id, int r, int fd, size_t direct_bytes, Totals* out) {
+int exchange(const UniqueId& id, int r, int fd, size_t direct_bytes, int nsocks, Totals* out) {
   auto uid = decode_uid(id);
   if (!uid.is_ok()) return report(fd, uid.status().to_string(), 2);
   auto boot = Bootstrap::connect(*uid, 2, r, deadline_after(30));
   if (!boot.is_ok()) return report(fd, boot.status().to_string(), 3);
   SocketTransport::Options opt = SocketTransport::Options::from_env();
-  opt.nsocks = 3;
-  opt.nthreads = 2;
+  opt.nsocks = nsocks;
+  opt.nthreads = std::min(nsocks, 2);
   opt.slice_bytes = 4096;
   opt.ring_bytes = 64 << 10;
   opt.direct_bytes = direct_bytes;
@@ -109,12 +110,12 @@ int exchange(const UniqueId& id, int r, int fd, size_t direct_bytes, Totals* out
   return 0;
 }
 
-void run_case(size_t direct_bytes, bool expect_direct) {
+void run_case(size_t direct_bytes, bool expect_direct, int nsocks = 3) {
   auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto res = testing::run_processes(2, [&](int r, int fd) {
     Totals tot;
-    int rc = exchange(*id, r, fd, direct_bytes, &tot);
+    int rc = exchange(*id, r, fd, direct_bytes, nsocks, &tot);
     if (rc) return rc;
     if (tot.missed != 0)
       return report(fd, std::to_string(tot.missed) + " lost wake-up(s): a progress thread slept through its poll timeout with work pending", 9);
@@ -131,6 +132,10 @@ void run_case(size_t direct_bytes, bool expect_direct) {
 TEST(SocketDirect, SizeSweepThroughWindowsAndRing) { run_case(16 << 10, true); }
 
 TEST(SocketDirect, SizeSweepThroughTheRingOnly) { run_case(0, false); }
+
+// One stream: a window's system calls are not cut at slice ends (4 KiB here)
+// but at 512 KiB (1 MiB + 3 and 2 MiB + 8 cross several such ends).
+TEST(SocketDirect, OneStreamSizeSweepThroughWindowsAndRing) { run_case(16 << 10, true, 1); }
 
 }  // namespace
 }  // namespace loom

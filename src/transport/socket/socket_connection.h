@@ -122,6 +122,7 @@ class SocketConnection final : public Connection {
   void direct_leave() { direct_busy_.fetch_sub(1, std::memory_order_release); }
   size_t send_window_progress();
   size_t recv_window_progress(std::byte* dst);
+  uint64_t slice_end_for(uint64_t pos, bool direct) const;
   uint64_t next_slice(uint64_t pos, int s) const;
   void set_error(const std::string& why);
   uint64_t min_send_pos() const;
