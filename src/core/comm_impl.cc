@@ -277,10 +277,12 @@ void CommImpl::drop_start_gates(const Status& st) {
 Result<Work> CommImpl::enqueue(Op& op) {
   op.gates = std::move(next_gates_);
   next_gates_.clear();
+  int64_t enqueued_ns = 0;
   for (auto& s : op.subs) {
     s.seq = next_seq_++;
     if (s.args.coll != Collective::kSendRecv) s.coll_seq = next_coll_seq_++;
-    recorder_->on_enqueue(s.seq, s.coll_seq, s.args);  // diag
+    s.start_ns = 0;
+    enqueued_ns = recorder_->on_enqueue(s.seq, s.coll_seq, s.args);  // diag
   }
   // A caller that waits at once (Comm::set_caller_waits) for an op nothing
   // else is ahead of: run it here and now, as Work::wait would a moment
@@ -290,6 +292,9 @@ Result<Work> CommImpl::enqueue(Op& op) {
   if (caller_waits_ && op.gates.empty() && !op.subs.empty() && pending_.load(std::memory_order_acquire) == 0) {
     std::unique_lock<std::mutex> g(gate_->mu, std::try_to_lock);
     if (g.owns_lock() && pending_.load(std::memory_order_acquire) == 0) {
+      // One op starts now, a moment after it was enqueued: one clock read
+      // for both (a group's later members start when the earlier end).
+      if (op.subs.size() == 1) op.subs.front().start_ns = enqueued_ns;
       unfinished_.fetch_add(1, std::memory_order_release);
       Status st = execute(op);
       unfinished_.fetch_sub(1, std::memory_order_acq_rel);
@@ -330,8 +335,13 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   // A plain key: no formatting or allocation on a cache hit.
   const ScheduleKey key{static_cast<int>(a.coll), static_cast<int>(a.dt), static_cast<int>(a.op), a.root, a.in_place,
                         a.count};
+  if (last_sched_ && key == last_key_) return last_sched_;
   auto it = schedule_cache_.find(key);
-  if (it != schedule_cache_.end()) return &it->second;
+  if (it != schedule_cache_.end()) {
+    last_key_ = key;
+    last_sched_ = &it->second;
+    return last_sched_;
+  }
   // Cache miss: ask the tuner among the algorithms that can serve this call.
   CollArgs args = a;
   args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
@@ -361,7 +371,10 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
     }
   }
   LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(args, chosen));
-  if (schedule_cache_.size() > 512) schedule_cache_.clear();
+  if (schedule_cache_.size() > 512) {
+    schedule_cache_.clear();
+    last_sched_ = nullptr;
+  }
   auto [pos, _] = schedule_cache_.emplace(key, std::move(s));
   return &pos->second;
 }
@@ -379,7 +392,7 @@ Status CommImpl::run_sub(SubOp& s) {
   }
   exec_->progress().seq.store(s.seq, std::memory_order_relaxed);
   // ---- diag: recorder state and this op's fingerprint
-  running_since_ns_.store(recorder_->on_start(s.seq, sched->algorithm, static_cast<int>(sched->phases.size())),
+  running_since_ns_.store(recorder_->on_start(s.seq, sched->algorithm, static_cast<int>(sched->phases.size()), s.start_ns),
                           std::memory_order_relaxed);
   running_seq_.store(s.seq + 1, std::memory_order_release);
   fingerprint_.set(&s.args, s.seq, s.coll_seq);
@@ -397,9 +410,10 @@ Status CommImpl::run_sub(SubOp& s) {
   } end_record{this, s.seq};
   // ---- end diag
   // The op's name is only formatted when needed (errors), not per call.
-  std::string what;
-  Status st = exec_->run(*sched, s.bufs, a.dt, a.op, deadline, "");
+  static const std::string kNoName;  // the executor's messages get the op's name below
+  Status st = exec_->run(*sched, s.bufs, a.dt, a.op, deadline, kNoName);
   if (!st.is_ok()) {
+    std::string what;
     if (a.coll == Collective::kSendRecv)
       what = fmt::format("{} rank {}: {} #{} ({} send/recv)", name_, rank_, collective_name(a.coll), s.seq, a.p2p.size());
     else

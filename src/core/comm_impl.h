@@ -118,6 +118,7 @@ class CommImpl final : public diag::DiagClient {
     std::vector<std::byte*> bufs;
     uint64_t seq = 0;
     uint64_t coll_seq = 0;  // position among this comm's collectives (fingerprints)
+    int64_t start_ns = 0;   // set when run at issue: its start time is its enqueue time
   };
   struct Op {
     std::vector<SubOp> subs;
@@ -178,6 +179,10 @@ class CommImpl final : public diag::DiagClient {
     auto operator<=>(const ScheduleKey&) const = default;
   };
   std::map<ScheduleKey, RankSchedule> schedule_cache_;  // engine thread only
+  // The last hit: a loop of one op (the common case) skips the map's search.
+  // Map nodes stay put until clear(), which resets it.
+  ScheduleKey last_key_{};
+  const RankSchedule* last_sched_ = nullptr;
   std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
   std::shared_ptr<EngineGate> gate_ = std::make_shared<EngineGate>();
   std::shared_ptr<WorkState> done_ok_ = WorkState::completed(Status::ok());  // shared by ops run at issue

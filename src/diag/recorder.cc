@@ -27,8 +27,9 @@ int64_t now_ns() {
 FlightRecorder::FlightRecorder(size_t capacity)
     : cap_(capacity), entries_(capacity ? new Entry[capacity] : nullptr) {}
 
-void FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a) {
-  if (!cap_) return;
+int64_t FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a) {
+  const int64_t now = now_ns();
+  if (!cap_) return now;
   constexpr auto r = std::memory_order_relaxed;
   Entry& e = slot(seq);
   e.seq.store(~0ull, r);  // readers skip the slot while it is rewritten
@@ -48,15 +49,16 @@ void FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs&
   e.state.store(static_cast<int>(OpState::kEnqueued), r);
   e.nphases.store(0, r);
   e.algo.store(0, r);
-  e.t_enq.store(now_ns(), r);
+  e.t_enq.store(now, r);
   e.t_start.store(0, r);
   e.t_end.store(0, r);
   e.seq.store(seq, std::memory_order_release);
   next_.store(seq + 1, std::memory_order_release);
+  return now;
 }
 
-int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases) {
-  const int64_t now = now_ns();
+int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases, int64_t at) {
+  const int64_t now = at ? at : now_ns();
   if (!cap_) return now;
   Entry& e = slot(seq);
   uint64_t name = 0;

@@ -31,9 +31,11 @@ class FlightRecorder {
   bool enabled() const { return cap_ > 0; }
   size_t capacity() const { return cap_; }
 
-  void on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a);
-  // Returns the start time it recorded (now_ns), so callers need no second clock read.
-  int64_t on_start(uint64_t seq, const std::string& algorithm, int nphases);
+  // Returns the enqueue time it recorded (now_ns).
+  int64_t on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a);
+  // Returns the start time it recorded, so callers need no second clock read:
+  // now_ns(), or `at` when given (an op run at issue starts when it is enqueued).
+  int64_t on_start(uint64_t seq, const std::string& algorithm, int nphases, int64_t at = 0);
   void on_end(uint64_t seq, bool ok);
 
   // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md).
