@@ -123,3 +123,39 @@ TEST(CallerRuns, FailureAtIssueIsReported) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// The schedule cache remembers its last hit (a loop of one op skips the map
+// search) and is cleared past 512 entries: the remembered schedule must be
+// forgotten with it. Alternate two sizes (each a hit), overflow the cache
+// with 600 distinct ones, then use the two again; every result is checked.
+TEST(ScheduleCache, LastHitForgottenWhenTheCacheIsCleared) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<size_t> counts = {7, 1000, 7, 1000};
+  for (size_t c = 1; c <= 600; ++c) counts.push_back(2000 + c);
+  for (size_t c : {size_t{7}, size_t{1000}, size_t{7}}) counts.push_back(c);
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      for (size_t count : counts) {
+        testing::Case cs;
+        cs.coll = Collective::kAllReduce;
+        cs.count = count;
+        Status st = testing::run_case(*(*comms)[r], cs);
+        if (!st.is_ok()) {
+          err[r] = cs.name() + ": " + st.to_string();
+          (*comms)[r]->abort("test failure");
+          return;
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+}  // namespace
+}  // namespace loom
