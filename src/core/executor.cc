@@ -23,10 +23,10 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       // VM costs about as much again (2-rank broadcast 1 MiB: 105 -> 65 us).
       // Oversubscribed, polling would steal the peer's core: sleep early.
       spin_time_(params::spin_us() >= 0 ? params::spin_us()
-                 : nranks <= static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) ? 200 : 0),
+                 : params::oversubscribed(nranks) ? 0 : 200),
       // Oversubscribed (more ranks than CPUs): yield often so the peer we wait
       // for gets the core; otherwise rarely (a yield is a syscall).
-      yield_mask_(nranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) ? 7 : 127),
+      yield_mask_(params::oversubscribed(nranks) ? 7 : 127),
       send_gate_(nranks, 0),
       recv_gate_(nranks, 0),
       send_hdr_token_(nranks, 0),

@@ -24,7 +24,6 @@ int floor_pow2(int p) {
 }
 bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 
-// Cost of the communicator shape with the channel-count bandwidth factor applied.
 // What the receiver does with a message: stores it (all_gather, broadcast),
 // reduces it as it arrives (ring / halving reduce-scatter), or stores it in
 // scratch for a local reduction step (recursive doubling, one-shot, two-shot).
@@ -32,6 +31,7 @@ bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 // a stored message to it); the model also needs the third.
 enum class Land { kStore, kReduce, kStoreThenReduce };
 
+// Cost of the communicator shape with the channel-count bandwidth factor applied.
 struct Ctx {
   const CommCost& c;
   double n;  // bytes
