@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "kernels/host_reduce.h"
 #include "verifiable.h"
@@ -15,6 +16,26 @@ std::string Case::name() const {
   return fmt::format("{} {} {} count={} {}{}", collective_name(coll), dtype_name(dt), redop_name(op), count,
                      in_place ? "in-place" : "out-of-place",
                      (coll == Collective::kBroadcast || coll == Collective::kReduce) ? fmt::format(" root={}", root) : "");
+}
+
+std::vector<std::string> run_cases_on_threads(std::vector<std::unique_ptr<Comm>>& comms,
+                                              const std::vector<Case>& cases) {
+  const size_t n = comms.size();
+  std::vector<std::string> err(n);
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      for (const auto& c : cases) {
+        Status st = run_case(*comms[r], c);
+        if (!st.is_ok()) {
+          err[r] = c.name() + ": " + st.to_string();
+          comms[r]->abort("test failure on this rank");
+          return;
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  return err;
 }
 
 Status run_case(Comm& comm, const Case& c) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct Case {
 // checks the result in closed form. Returns an error naming the first wrong
 // element, or ok.
 Status run_case(Comm& comm, const Case& c);
+
+// Every rank of comms (ranks as threads of this process, Comm::init_all) runs
+// the cases in order on its own thread; a rank that fails aborts its
+// communicator so the others do not wait for it. Returns each rank's first
+// error ("case: status"), "" where all passed.
+std::vector<std::string> run_cases_on_threads(std::vector<std::unique_ptr<Comm>>& comms,
+                                              const std::vector<Case>& cases);
 
 // The correctness matrix of the foundation issue: every collective x dtype x op
 // x count x in/out-of-place. `big` is the 1M+3 count; see the .cc for which

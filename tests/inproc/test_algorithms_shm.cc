@@ -89,21 +89,7 @@ TEST_P(ForcedAlgorithm, Matrix) {
     big.in_place = op == RedOp::kAvg;
     cases.push_back(big);
   }
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      for (const auto& c : cases) {
-        Status st = testing::run_case(*(*comms)[r], c);
-        if (!st.is_ok()) {
-          errors[r] = c.name() + ": " + st.to_string();
-          (*comms)[r]->abort("test failure on this rank");
-          return;
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::run_cases_on_threads(*comms, cases);
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << f.spec << " rank " << r;
   for (auto& c : *comms) EXPECT_TRUE(c->destroy().is_ok());
   unsetenv("LOOM_ALGO");

@@ -137,23 +137,14 @@ TEST(ScheduleCache, LastHitForgottenWhenTheCacheIsCleared) {
   std::vector<size_t> counts = {7, 1000, 7, 1000};
   for (size_t c = 1; c <= 600; ++c) counts.push_back(2000 + c);
   for (size_t c : {size_t{7}, size_t{1000}, size_t{7}}) counts.push_back(c);
-  std::vector<std::string> err(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      for (size_t count : counts) {
-        testing::Case cs;
-        cs.coll = Collective::kAllReduce;
-        cs.count = count;
-        Status st = testing::run_case(*(*comms)[r], cs);
-        if (!st.is_ok()) {
-          err[r] = cs.name() + ": " + st.to_string();
-          (*comms)[r]->abort("test failure");
-          return;
-        }
-      }
-    });
-  for (auto& t : ts) t.join();
+  std::vector<testing::Case> cases;
+  for (size_t count : counts) {
+    testing::Case cs;
+    cs.coll = Collective::kAllReduce;
+    cs.count = count;
+    cases.push_back(cs);
+  }
+  const auto err = testing::run_cases_on_threads(*comms, cases);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 

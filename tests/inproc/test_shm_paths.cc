@@ -15,26 +15,9 @@
 namespace loom {
 namespace {
 
-// Every rank (a thread) runs the cases in order; a failing rank aborts its
-// communicator so the others do not wait for it.
-template <typename Comms>
-void run_all(Comms& comms, const std::vector<testing::Case>& cases) {
-  const int n = static_cast<int>(comms.size());
-  std::vector<std::string> err(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      for (const auto& c : cases) {
-        Status st = testing::run_case(*comms[r], c);
-        if (!st.is_ok()) {
-          err[r] = st.to_string();
-          comms[r]->abort("test failure");
-          return;
-        }
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+void run_all(std::vector<std::unique_ptr<Comm>>& comms, const std::vector<testing::Case>& cases) {
+  const auto err = testing::run_cases_on_threads(comms, cases);
+  for (size_t r = 0; r < err.size(); ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
 void run_mix(int n, const char* single_copy_bytes, const char* fifo_bytes) {
