@@ -26,7 +26,7 @@ void store_max(std::atomic<uint64_t>& a, uint64_t v) {
 // One pump call moves at most this much per stream, so a thread that owns
 // several streams serves them fairly.
 constexpr size_t kPumpBudget = 4u << 20;
-constexpr uint64_t kDirectCallBytes = 512u << 10;  // one stream, user buffer: bytes per send()/recv() at most
+constexpr size_t kDirectCallBytes = 512u << 10;  // user buffer: bytes per sendmsg()/recvmsg() at most
 
 }  // namespace
 
@@ -53,18 +53,42 @@ SocketConnection::SocketConnection(std::vector<Fd> streams, size_t ring_bytes, s
 
 SocketConnection::~SocketConnection() = default;
 
-uint64_t SocketConnection::slice_end_for(uint64_t pos, bool direct) const {
-  // One stream and the user's buffer on this side: nothing to stripe and no
-  // reduction waiting on the ring's tail, so a system call may move more than
-  // a slice. Measured between two namespaces, 1 stream, 256 MiB, GB/s: both
-  // ways at once 1.23-1.37 with 64 KiB calls, 1.41-1.49 with 512 KiB; one way
-  // no slower (2.4-3.0 -> 2.6-3.3); with unbounded calls one way fell to
-  // 2.0-2.2 (a multi-MiB copy from the socket outruns the cache).
-  // Otherwise a call stops at the slice's end: that is where the next stream's
-  // share starts, and a receiver that reduces from the ring starts on a slice
-  // as soon as it is in.
-  if (direct && streams_.size() == 1) return (pos / kDirectCallBytes + 1) * kDirectCallBytes;
-  return (pos / slice_ + 1) * slice_;
+// The user's buffer (a direct window) from pos up to limit, as this stream
+// carries it: its slices only (the other streams carry the ones between), at
+// most max_bytes and kMaxIov pieces, for one sendmsg()/recvmsg(). Cutting every
+// call at the slice's end multiplied system calls on a CPU-bound link.
+// Measured between two namespaces, 1 stream, 256 MiB, GB/s: both ways at once
+// 1.23-1.37 with 64 KiB calls, 1.41-1.49 with 512 KiB; one way no slower
+// (2.4-3.0 -> 2.6-3.3); with unbounded calls one way fell to 2.0-2.2 (a
+// multi-MiB copy from the socket outruns the cache). The ring path keeps
+// one slice per call: a receiver that reduces from it starts on a slice as
+// soon as it is in.
+int SocketConnection::window_iov(uint64_t pos, uint64_t limit, std::byte* base_ptr, uint64_t base, int s,
+                                 size_t max_bytes, iovec* iov) const {
+  int k = 0;
+  size_t total = 0;
+  for (uint64_t p = pos; k < kMaxIov && p < limit && total < max_bytes;) {
+    const uint64_t slice_end = (p / slice_ + 1) * slice_;
+    const uint64_t e = std::min({slice_end, limit, p + (max_bytes - total)});
+    iov[k].iov_base = base_ptr + (p - base);
+    iov[k].iov_len = static_cast<size_t>(e - p);
+    total += iov[k].iov_len;
+    ++k;
+    if (e != slice_end) break;
+    p = next_slice(slice_end, s);
+  }
+  return k;
+}
+
+uint64_t SocketConnection::advance(uint64_t pos, uint64_t n, int s) const {
+  while (n > 0) {
+    const uint64_t slice_end = (pos / slice_ + 1) * slice_;
+    const uint64_t step = std::min(n, slice_end - pos);
+    pos += step;
+    n -= step;
+    if (pos == slice_end) pos = next_slice(pos, s);
+  }
+  return pos;
 }
 
 uint64_t SocketConnection::next_slice(uint64_t pos, int /*s*/) const {
@@ -288,31 +312,31 @@ bool SocketConnection::pump_send(int s, short* want_poll) {
     if (pos >= tail) break;
     // After the tail: a window below the tail is visible (posted first).
     const WinView w = load_window(swin_);
-    const bool direct = w.holds(pos);
-    const uint64_t slice_end = slice_end_for(pos, direct);
-    uint64_t end = std::min(tail, slice_end);
-    const std::byte* src;
-    if (direct) {
-      end = std::min(end, w.end);
-      src = w.ptr + (pos - w.base);
+    ssize_t n;
+    int err;
+    if (w.holds(pos)) {
+      iovec iov[kMaxIov];
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = static_cast<size_t>(window_iov(pos, std::min(tail, w.end), w.ptr, w.base,
+                                                    s, std::min<size_t>(budget, kDirectCallBytes), iov));
+      if (!direct_enter()) break;  // fenced: the user's buffer is no longer ours
+      n = ::sendmsg(st.fd.get(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+      err = errno;
+      direct_leave();
+      if (n > 0) direct_sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     } else {
+      uint64_t end = std::min(tail, (pos / slice_ + 1) * slice_);
       if (pos < w.base) end = std::min(end, w.base);
       const size_t off = static_cast<size_t>(pos % cap_);
       end = std::min<uint64_t>(end, pos + (cap_ - off));
-      src = out_.get() + off;
-    }
-    const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
-    if (direct && !direct_enter()) break;  // fenced: the user's buffer is no longer ours
-    ssize_t n = ::send(st.fd.get(), src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    const int err = errno;
-    if (direct) {
-      direct_leave();
-      if (n > 0) direct_sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
+      n = ::send(st.fd.get(), out_.get() + off, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+      err = errno;
     }
     if (n > 0) {
-      pos += static_cast<uint64_t>(n);
-      budget -= static_cast<size_t>(n);
-      if (pos == slice_end) pos = next_slice(pos, s);
+      pos = advance(pos, static_cast<uint64_t>(n), s);
+      budget -= std::min(budget, static_cast<size_t>(n));
       st.send_pos.store(pos, std::memory_order_release);
       moved = true;
       continue;
@@ -355,34 +379,33 @@ bool SocketConnection::pump_recv(int s, short* want_poll) {
       st.adopted.store(w.seq, std::memory_order_release);
       moved = true;  // wake the executor: it waits for the acknowledgements
     }
-    const bool direct = w.holds(pos);
-    const uint64_t slice_end = slice_end_for(pos, direct);
-    uint64_t end = slice_end;
-    std::byte* dst;
-    if (direct) {
-      end = std::min(end, w.end);
-      dst = w.ptr + (pos - w.base);
+    ssize_t n;
+    int err;
+    if (w.holds(pos)) {
+      iovec iov[kMaxIov];
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen =
+          static_cast<size_t>(window_iov(pos, w.end, w.ptr, w.base, s, std::min<size_t>(budget, kDirectCallBytes), iov));
+      if (!direct_enter()) break;  // fenced: the user's buffer is no longer ours
+      n = ::recvmsg(st.fd.get(), &mh, MSG_DONTWAIT);
+      err = errno;
+      direct_leave();
+      if (n > 0) direct_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     } else {
       const uint64_t limit = in_head_.load(std::memory_order_seq_cst) + cap_;
       if (pos >= limit) break;  // ring full: recv_consume will poke us
-      end = std::min(end, limit);
+      uint64_t end = std::min((pos / slice_ + 1) * slice_, limit);
       if (pos < w.base) end = std::min(end, w.base);
       const size_t off = static_cast<size_t>(pos % cap_);
       end = std::min<uint64_t>(end, pos + (cap_ - off));
-      dst = in_.get() + off;
-    }
-    const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
-    if (direct && !direct_enter()) break;  // fenced: the user's buffer is no longer ours
-    ssize_t n = ::recv(st.fd.get(), dst, len, MSG_DONTWAIT);
-    const int err = errno;
-    if (direct) {
-      direct_leave();
-      if (n > 0) direct_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      const size_t len = std::min<size_t>(static_cast<size_t>(end - pos), budget);
+      n = ::recv(st.fd.get(), in_.get() + off, len, MSG_DONTWAIT);
+      err = errno;
     }
     if (n > 0) {
-      pos += static_cast<uint64_t>(n);
-      budget -= static_cast<size_t>(n);
-      if (pos == slice_end) pos = next_slice(pos, s);
+      pos = advance(pos, static_cast<uint64_t>(n), s);
+      budget -= std::min(budget, static_cast<size_t>(n));
       st.recv_pos.store(pos, std::memory_order_release);
       moved = true;
       continue;

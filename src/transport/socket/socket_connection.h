@@ -22,6 +22,8 @@
 // on the thread that announces a failure.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -122,7 +124,10 @@ class SocketConnection final : public Connection {
   void direct_leave() { direct_busy_.fetch_sub(1, std::memory_order_release); }
   size_t send_window_progress();
   size_t recv_window_progress(std::byte* dst);
-  uint64_t slice_end_for(uint64_t pos, bool direct) const;
+  static constexpr int kMaxIov = 32;
+  int window_iov(uint64_t pos, uint64_t limit, std::byte* base_ptr, uint64_t base, int s, size_t max_bytes,
+                 iovec* iov) const;
+  uint64_t advance(uint64_t pos, uint64_t n, int s) const;
   uint64_t next_slice(uint64_t pos, int s) const;
   void set_error(const std::string& why);
   uint64_t min_send_pos() const;
