@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -226,14 +227,23 @@ void Hub::dump(const std::string& reason, bool announce) {
     std::filesystem::create_directories(dir, ec);
     std::string name = fmt::format("{}/loom-rank{}-{}-{}.json", dir, rank, j["host"].get<std::string>(),
                                    j["pid"].get<int>());
-    std::string tmp = name + ".tmp";
+    // A temporary file of its own per write, renamed into place: two dumps
+    // at once (this rank's failure and a peer's coordinated request) must not
+    // share one, or they interleave in it and the file renamed into place is
+    // neither (regression: netns/test_netns_doctor read a corrupt dump).
+    static std::atomic<uint64_t> writes{0};
+    std::string tmp = fmt::format("{}.tmp.{}", name, writes.fetch_add(1, std::memory_order_relaxed));
     {
       std::ofstream f(tmp);
       f << j.dump(1) << "\n";
       if (!f) LOOM_WARN(kLogDiag, "cannot write dump {}", tmp);
     }
-    if (std::rename(tmp.c_str(), name.c_str()) == 0)
+    if (std::rename(tmp.c_str(), name.c_str()) == 0) {
       LOOM_WARN(kLogDiag, "diagnostic dump ({}) written to {}", reason, name);
+    } else {
+      LOOM_WARN(kLogDiag, "cannot move dump {} to {}: {}", tmp, name, std::strerror(errno));
+      std::remove(tmp.c_str());
+    }
   }
   if (!announce) return;
   // Coordinated dump: ask every peer's diag server too (best effort; peers
