@@ -22,6 +22,7 @@
 // on the thread that announces a failure.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -118,6 +119,7 @@ class SocketConnection final : public Connection {
     bool holds(uint64_t pos) const { return pos >= base && pos < end; }
   };
   static WinView load_window(const Window& w);
+  msghdr window_msg(uint64_t pos, uint64_t limit, const WinView& w, int s, size_t budget, iovec* iov) const;
   static uint32_t post_window(Window& w, std::byte* ptr, uint64_t base, uint64_t end);
   // A send()/recv() on a user buffer; false (nothing done) once fenced.
   bool direct_enter();
@@ -125,8 +127,6 @@ class SocketConnection final : public Connection {
   size_t send_window_progress();
   size_t recv_window_progress(std::byte* dst);
   static constexpr int kMaxIov = 32;
-  int window_iov(uint64_t pos, uint64_t limit, std::byte* base_ptr, uint64_t base, int s, size_t max_bytes,
-                 iovec* iov) const;
   uint64_t advance(uint64_t pos, uint64_t n, int s) const;
   uint64_t next_slice(uint64_t pos, int s) const;
   void set_error(const std::string& why);
