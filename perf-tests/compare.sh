@@ -15,7 +15,11 @@
 # then measures memcpy and 2-input reduce bandwidth (mem_bench) and prints,
 # per collective and rank count, busbw (or time for sizes < 64 KiB) per
 # library, the ratio Loom / best MPI, and for 2-rank allreduce the memory
-# model (each rank reduces half, then copies the peer's half).
+# model (each rank reduces half, then copies the peer's half). From 64 KiB
+# every table also shows the copy bound: the busbw at which the cores would do
+# nothing but the copies and reductions the collective cannot avoid, at the
+# memcpy, reduce and cross-process copy rates mem_bench measured in the same
+# run; and whether the perf issue's target ratio lies above it.
 # Raw CSV, a markdown summary and a plot land in --out (default
 # build/compare-<date>). A missing peer is reported and skipped.
 # --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead
@@ -175,9 +179,48 @@ for r in csv.DictReader(open(raw)):
 mem = {}
 try:
     for r in csv.DictReader(open(memf)):
-        mem[int(r["size"])] = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]))
+        x = float(r["xcopy_gbps"]) if r.get("xcopy_gbps") not in (None, "", "nan") else 0.0
+        mem[int(r["size"])] = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]), x)
 except OSError:
     pass
+import os
+cores = os.cpu_count() or 1
+def copy_bound(c, n, s):
+    """busbw (GB/s) no implementation can beat on these cores: the sum over
+    ranks of the copies and reductions the collective cannot avoid, at the
+    rates mem_bench measured for this size (on s/2 bytes), spread over
+    min(n, cores) cores. A byte bound for another rank's private buffer
+    crosses once (process_vm_readv, rate X) or twice through shared memory
+    (2 memcpys, M); a byte to be reduced crosses once into memory the reducer
+    reads (X, or the sender's memcpy into shared memory, M) and is then
+    reduced; a k-input reduction is priced (k+1)/3 two-input passes (it must
+    read k inputs and write 1, a two-input pass reads 2 and writes 1)."""
+    m = mem.get(s)
+    if not m or m[3] <= 0: return None
+    M, R, X = m[0], m[1], m[3]
+    xs, xr = max(X, M / 2), max(X, M)   # per stored / per reduced crossing byte
+    p = n
+    if c == "all_gather":   # own block copied locally, p-1 blocks cross
+        w, f = (p - 1) * s / xs + s / M, (p - 1) / p
+    elif c == "broadcast":  # in place: p-1 ranks receive the whole buffer
+        w, f = (p - 1) * s / xs, 1.0
+    elif c == "reduce_scatter":
+        w, f = (p - 1) * s / xr + (p + 1) / 3 * s / R, (p - 1) / p
+    elif c == "allreduce":  # reduce-scatter, then every reduced block crosses p-1 times
+        w, f = (p - 1) * s / xr + (p + 1) / 3 * s / R + (p - 1) * s / xs, 2 * (p - 1) / p
+    else:
+        return None
+    return f * s * min(p, cores) / w
+def target(c, n, s):
+    """The perf issue's ratio over the best MPI for this point, or None:
+    2-rank allreduce from 4 MiB 2x; reduce_scatter and all_gather from 1 MiB
+    2x, broadcast 1.5x; oversubscribed ranks at least 1x everywhere."""
+    t = None
+    if c == "allreduce" and n == 2 and s >= 4 << 20: t = 2.0
+    if c in ("reduce_scatter", "all_gather") and s >= 1 << 20: t = 2.0
+    if c == "broadcast" and s >= 1 << 20: t = 1.5
+    if n > cores: t = max(t or 1.0, 1.0)
+    return t
 def human(b):
     for unit, v in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= v and b % v == 0: return f"{b // v} {unit}"
@@ -192,7 +235,9 @@ for (c, n, s) in data:
 order = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
 for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     model = c == "allreduce" and n == 2 and mem
-    head = ["size"] + impls + ["ratio"] + (["model", "loom/model"] if model else [])
+    bounded = any(copy_bound(c, n, s) for (cc, nn, s) in data if cc == c and nn == n and s >= 65536)
+    head = ["size"] + impls + ["ratio"] + (["model", "loom/model"] if model else []) + \
+           (["copy bound", "loom/bound", "target", "target/bound"] if bounded else [])
     print(f"### {c}, {n} ranks\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -210,14 +255,25 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         if model:
             m = mem.get(s)
             row += [f"{m[2]:.2f}" if m else "-", f"{d['loom'][1] / m[2]:.0%}" if m and "loom" in d else "-"]
+        if bounded:
+            b = copy_bound(c, n, s) if not small else None
+            t = target(c, n, s)
+            need = t * max(mpis) if t and mpis else None
+            row += [f"{b:.2f}" if b else "-", f"{d['loom'][1] / b:.0%}" if b and "loom" in d else "-",
+                    f"{t:g}x = {need:.2f}" if need and not small else "-",
+                    (f"{need / b:.2f}" + (" above" if need > b else "")) if b and need and not small else "-"]
         print("| " + " | ".join(row) + " |")
     print()
 if mem:
     print("### memory reference (one core)\n")
-    print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s |")
-    print("|---|---|---|---|")
+    print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s | cross-process copy GB/s (both cores) |")
+    print("|---|---|---|---|---|")
     for s in sorted(mem):
-        print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} |")
+        x = f"{mem[s][3]:.2f}" if mem[s][3] > 0 else "-"
+        print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} | {x} |")
+    print("\nRates of a row of size S are measured on S/2 bytes (what each rank of a 2-rank collective moves).")
+    print("copy bound: the busbw at which min(ranks, cores) cores would do only the copies and reductions the")
+    print("collective cannot avoid, at these rates. target/bound > 1: the issue's target lies above that bound.")
 # Plot data: 2-rank allreduce busbw per library and the model.
 with open(f"{out}/allreduce_2.dat", "w") as f:
     f.write("# size " + " ".join(impls) + " model\n")

@@ -7,11 +7,31 @@
 // ranks work in parallel, so algbw = S / t(S), and busbw = algbw for 2 ranks
 // (nccl-tests' factor 2(n-1)/n = 1). No implementation moves less memory.
 //
+// xcopy: the rate of a copy between two address spaces (process_vm_readv,
+// the single copy every shared-memory library here uses for large messages)
+// while both cores copy at once, as they do in every symmetric collective: two
+// processes each read S bytes of the other's memory, started together, and
+// the slower one's rate is reported. No user buffer can be read in place by
+// another process, so a byte that must reach another rank's private buffer
+// costs at least one such copy (or two memcpys through shared memory).
+// compare.sh builds its copy bound from these rates (performance.md). Like
+// the other columns, a row of size S measures S/2 bytes: what each rank of a
+// 2-rank collective moves.
+//
 // Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS]
-// Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps
-// (decimal GB/s of bytes written; best of 5 batches of >= min-time each).
+// Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps
+// (decimal GB/s of bytes written; best of 5 batches of >= min-time each;
+// xcopy is "nan" where process_vm_readv is not permitted).
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +74,63 @@ std::byte* touched(size_t bytes) {
   return p;
 }
 
+// Two processes (this one and a forked child) that copy from each other's
+// memory at the same moment. Shared control block: a sense-reversing barrier
+// and the sizes/results of each round.
+struct XCtl {
+  std::atomic<int> arrived{0};
+  std::atomic<int> sense{0};
+  std::atomic<int> quit{0};
+  size_t bytes = 0;
+  double min_time = 0;
+  double seconds[2] = {0, 0};  // per process, best batch, seconds per copy
+  int failed[2] = {0, 0};
+};
+
+void barrier(XCtl* c, int* local_sense) {
+  *local_sense = 1 - *local_sense;
+  if (c->arrived.fetch_add(1) == 1) {
+    c->arrived.store(0);
+    c->sense.store(*local_sense);
+  } else {
+    while (c->sense.load() != *local_sense) sched_yield();
+  }
+}
+
+// One round, in both processes: read n bytes of the peer's `src` (the same
+// address in both: fork) into our `dst`; best of 5 batches, each started
+// together. Every batch passes the barrier on both sides, even after a
+// failure (which only stops the copying).
+void xcopy_round(XCtl* c, int me, pid_t peer, std::byte* src, std::byte* dst, size_t n, int* sense) {
+  std::memset(src, me + 1, n);  // our own pages, written after the fork
+  double best = 1e30;
+  for (int b = 0; b < 5; ++b) {
+    barrier(c, sense);
+    long reps = 0;
+    auto t0 = Clock::now();
+    double el = 0;
+    while (!c->failed[me] && el < c->min_time) {
+      iovec here{dst, n}, there{src, n};
+      if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
+      ++reps;
+      el = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    if (reps) best = std::min(best, el / static_cast<double>(reps));
+  }
+  c->seconds[me] = best;
+  barrier(c, sense);  // both results are in
+}
+
+// The child: rounds until told to quit.
+void xcopy_child(XCtl* c, std::byte* src, std::byte* dst) {
+  int sense = 0;
+  for (;;) {
+    barrier(c, &sense);  // a round (or quit) was posted
+    if (c->quit.load()) return;
+    xcopy_round(c, 1, getppid(), src, dst, c->bytes, &sense);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,7 +166,35 @@ int main(int argc, char** argv) {
   std::byte* a = touched(half_max);
   std::byte* b = touched(half_max);
   std::byte* dst = touched(half_max);
-  printf("size,memcpy_gbps,reduce_gbps,model_busbw_gbps\n");
+  // The cross-process copy: a child shares the control block; both keep
+  // buffers of the largest size (the child's are its own copy-on-write
+  // pages, rewritten before each round).
+  std::byte* xsrc = touched(half_max);
+  std::byte* xdst = touched(half_max);
+  auto* ctl = static_cast<XCtl*>(mmap(nullptr, sizeof(XCtl), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  pid_t child = -1;
+  if (ctl != MAP_FAILED) {
+    new (ctl) XCtl();
+    ctl->min_time = min_time;
+    child = fork();
+    if (child == 0) {
+      xcopy_child(ctl, xsrc, xdst);
+      _exit(0);
+    }
+    // Yama (ptrace_scope 1) lets a parent read its child but not the reverse
+    // unless the parent names it.
+    if (child > 0) prctl(PR_SET_PTRACER, child, 0, 0, 0);
+  }
+  int xsense = 0;
+  auto xcopy_gbps = [&](size_t n) {
+    if (child <= 0) return std::nan("");
+    ctl->bytes = n;
+    barrier(ctl, &xsense);
+    xcopy_round(ctl, 0, child, xsrc, xdst, n, &xsense);
+    if (ctl->failed[0] || ctl->failed[1]) return std::nan("");
+    return static_cast<double>(n) / std::max(ctl->seconds[0], ctl->seconds[1]) / 1e9;
+  };
+  printf("size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n");
   for (size_t s : sizes) {
     // Half of the vector, in whole floats (at least one).
     size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
@@ -102,11 +207,19 @@ int main(int argc, char** argv) {
         min_time);
     double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
     double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
-    printf("%zu,%.3f,%.3f,%.3f\n", s, copy_gbps, red_gbps, model);
+    const double x = xcopy_gbps(half);  // the same half, like the other columns
+    printf("%zu,%.3f,%.3f,%.3f,%.3f\n", s, copy_gbps, red_gbps, model, x);
     fflush(stdout);
+  }
+  if (child > 0) {
+    ctl->quit.store(1);
+    barrier(ctl, &xsense);
+    waitpid(child, nullptr, 0);
   }
   free(a);
   free(b);
   free(dst);
+  free(xsrc);
+  free(xdst);
   return 0;
 }

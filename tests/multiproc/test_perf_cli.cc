@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -67,6 +68,28 @@ std::vector<std::vector<std::string>> table_rows(const std::string& out) {
     if (f.size() >= 13 && f[0][0] != '#' && isdigit(static_cast<unsigned char>(f[0][0]))) rows.push_back(f);
   }
   return rows;
+}
+
+std::string source_dir() {
+  const char* s = std::getenv("LOOM_SOURCE_DIR");
+  return s ? s : "..";
+}
+
+// The cells of the markdown table row of `size` in section `title` of a
+// compare.sh summary (empty when absent).
+std::vector<std::string> summary_row(const std::string& md, const std::string& title, const std::string& size) {
+  bool in = false;
+  for (const auto& l : lines(md)) {
+    if (l.rfind("### ", 0) == 0) in = l == "### " + title;
+    if (!in || l.rfind("| " + size + " |", 0) != 0) continue;
+    std::vector<std::string> cells;
+    for (auto& c : fields(l, '|')) {
+      size_t a = c.find_first_not_of(' '), b = c.find_last_not_of(' ');
+      if (a != std::string::npos) cells.push_back(c.substr(a, b - a + 1));
+    }
+    return cells;
+  }
+  return {};
 }
 
 bool have(const std::string& name) { return access((bin_dir() + "/" + name).c_str(), X_OK) == 0; }
@@ -169,6 +192,74 @@ TEST_F(PerfCli, BadArgumentsAreRejected) {
   Outcome a = run(loomrun(2) + "all_reduce_perf -b 8 -e 8 -A no_such_algo");
   EXPECT_NE(a.rc, 0);
   EXPECT_NE(a.out.find("no_such_algo"), std::string::npos) << a.out;
+}
+
+// mem_bench's cross-process column: two processes copying from each other
+// with process_vm_readv at once. A broken timing (no copy done, zero time)
+// would print inf or 0; a refused process_vm_readv prints nan.
+TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
+  ASSERT_TRUE(have("mem_bench"));
+  Outcome r = run(bin_dir() + "/mem_bench --sizes 64K,1M --min-time 0.002");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto ls = lines(r.out);
+  ASSERT_EQ(ls.size(), 3u) << r.out;
+  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps");
+  for (size_t i = 1; i < ls.size(); ++i) {
+    auto f = fields(ls[i], ',');
+    ASSERT_EQ(f.size(), 5u) << ls[i];
+    EXPECT_GT(std::stod(f[1]), 0.1) << ls[i];
+    if (f[4] == "nan") GTEST_SKIP() << "process_vm_readv is not permitted here (Yama/seccomp): " << ls[i];
+    const double x = std::stod(f[4]);
+    EXPECT_TRUE(std::isfinite(x) && x > 0.05 && x < 1000) << ls[i];
+  }
+}
+
+// compare.sh --summarize prices the copy bound from mem.csv's rates. Here
+// the rates are chosen by hand (memcpy M = 10, reduce R = 5, cross-process
+// X = 8 GB/s at 4 and 16 MiB; 40 / 20 / 20 at 1 MiB) and the expected bounds
+// worked out from the formulas of compare.sh:
+//   all_gather, 2 ranks: each rank copies its half locally and reads the
+//     other half across: 1 / (1/X + 1/M) = 4.44;
+//   allreduce, 2 ranks: a reduced half crosses (max(X, M) = 10), is reduced
+//     (R), and the result crosses back (X): 2 / (1/10 + 1/5 + 1/8) = 4.71;
+//   all_gather, 4 ranks, c = min(4, cores) cores: 3 blocks of 4 cross and
+//     one is copied: 0.75 c / (3/20 + 1/40) = 4.29 c.
+TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
+  char dir[] = "/tmp/loom_compare_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  {
+    std::ofstream raw(std::string(dir) + "/raw.csv");
+    raw << "impl,coll,nranks,size,time_us,busbw,wrong\n"
+        << "loom,all_gather,2,4194304,1000,4.0,0\nompi,all_gather,2,4194304,1300,3.0,0\n"
+        << "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
+        << "loom,all_gather,4,1048576,300,2.0,0\nompi,all_gather,4,1048576,400,1.5,0\n";
+    std::ofstream mem(std::string(dir) + "/mem.csv");
+    mem << "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n"
+        << "1048576,40,20,26.7,20\n4194304,10,5,6.67,8\n16777216,10,5,6.67,8\n";
+  }
+  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  // | size | loom | ompi | ratio | [model | loom/model |] copy bound | loom/bound | target | target/bound |
+  auto ag2 = summary_row(r.out, "all_gather, 2 ranks", "4 MiB");
+  ASSERT_EQ(ag2.size(), 8u) << r.out;
+  EXPECT_EQ(ag2[4], "4.44");
+  EXPECT_EQ(ag2[5], "90%");
+  EXPECT_EQ(ag2[6], "2x = 6.00");
+  EXPECT_EQ(ag2[7], "1.35 above");
+  auto ar2 = summary_row(r.out, "allreduce, 2 ranks", "16 MiB");
+  ASSERT_EQ(ar2.size(), 10u) << r.out;
+  EXPECT_EQ(ar2[6], "4.71");
+  EXPECT_EQ(ar2[7], "89%");
+  EXPECT_EQ(ar2[8], "2x = 4.20");
+  EXPECT_EQ(ar2[9], "0.89");  // below the bound: a reachable target
+  auto ag4 = summary_row(r.out, "all_gather, 4 ranks", "1 MiB");
+  ASSERT_EQ(ag4.size(), 8u) << r.out;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  char want[32];
+  snprintf(want, sizeof want, "%.2f", 0.75 * static_cast<double>(std::min(4L, cores)) / (3.0 / 20 + 1.0 / 40));
+  EXPECT_EQ(ag4[4], want);
+  EXPECT_EQ(ag4[6], "2x = 3.00");
+  EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
 }
 
 TEST_F(PerfCli, MpirunBootstrap) {
