@@ -134,7 +134,13 @@ for n in $RANKS; do
         # be compared at 0.05 us (200 iterations of an 8 B allreduce are 80 us of
         # timing); oversubscribed, MPICH's spinning ranks make 2000 take minutes.
         [ "$QUICK" = 0 ] && [ "$n" -le "$(nproc)" ] && iters=(-n 2000 -w 100)
+        # Oversubscribed, 50 iterations of a 3 us op are 150 us of timing: one
+        # sleeping rank's wake-up (tens of us on a VM) moved a ratio 2-4x from
+        # round to round (run 9: 4-rank allreduce 4 KiB 8-28 us). Loom and Open
+        # MPI get 500; MPICH (ms per op there, its ranks spin) keeps few.
+        [ "$n" -gt "$(nproc)" ] && iters=(-n 500 -w 50) && miters=(-n 10 -w 2)
       else sizes=$LARGE; iters=("${LARGE_ITERS[@]}"); check=0; giters=("${LARGE_ITERS[@]}"); fi
+      [ "$part" = large ] || [ "$n" -le "$(nproc)" ] && miters=("${iters[@]}")
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
@@ -145,7 +151,7 @@ for n in $RANKS; do
       fi
       if [ $HAVE_MPICH = 1 ]; then
         run "mpich $coll n=$n $part" mpirun.mpich -np "$n" \
-            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${iters[@]}" -l mpich && take_peer
+            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" -l mpich && take_peer
       fi
       if [ $HAVE_GLOO = 1 ]; then
         store="$(mktemp -d)"
