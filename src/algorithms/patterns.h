@@ -13,15 +13,12 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
+#include "core/btree.h"
 
 namespace loom::patterns {
 
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
-inline int floor_pow2(int p) {
-  int v = 1;
-  while (v * 2 <= p) v *= 2;
-  return v;
-}
+using loom::floor_pow2;
 inline int log2_exact(int p) {
   int l = 0;
   while ((1 << l) < p) ++l;
@@ -51,18 +48,10 @@ size_t chunk_elems(const CollArgs& a);
 
 std::vector<int> iota_group(int n);
 
-// A binary tree over positions 0..n-1 rooted at position 0, as in NCCL's
-// btree: leaves are the odd positions, so a second tree whose positions are
-// mirrored (odd n) or shifted by one (even n) makes (almost) every leaf of one
-// tree an interior node of the other, and each rank sends about as much as in
-// a ring. Depth is ceil(log2 n).
-struct TreeNode {
-  int parent = -1;           // position, -1 at the root
-  int child[2] = {-1, -1};   // positions, -1 = none; child[0] < position < child[1]
-  int depth = 0;
-};
-TreeNode btree_node(int n, int pos);
-int btree_depth(int n);  // the largest depth of any position
+// The binary tree (core/btree.h): leaves are the odd positions.
+using loom::btree_depth;
+using loom::btree_node;
+using loom::TreeNode;
 
 // Fold of a non-power-of-two group for recursive algorithms (MPICH's variant,
 // Thakur/Rabenseifner/Gropp 2005): with p2 = floor_pow2(n) and e = n - p2,
