@@ -4,6 +4,9 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
+
+#include "core/btree.h"
 
 namespace loom::topo {
 namespace {
@@ -16,11 +19,6 @@ int ceil_log2(int p) {
   int l = 0;
   while ((1 << l) < p) ++l;
   return l;
-}
-int floor_pow2(int p) {
-  int v = 1;
-  while (v * 2 <= p) v *= 2;
-  return v;
 }
 bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 
@@ -121,8 +119,7 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
 //   tree      inner rank: broadcast 1 recv + 2 sends, reduce 2 recvs + 1 send
 //   binomial  root: ceil(log2 p) sends (broadcast) or reduced recvs (reduce)
 //   direct    root: p - 1 sends or reduced recvs
-// Oversubscription (more ranks than cores) is not modelled: it multiplies
-// every algorithm's time by about the same factor (total work is equal).
+// Oversubscribed, scaled by core_imbalance (below).
 double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const double n = x.n, pp = x.p;
   const int L = ceil_log2(x.p);
@@ -180,6 +177,89 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     }
     default: return 0;
   }
+}
+
+// Oversubscribed (more ranks than cores, CommCost::cores known): the ranks
+// take turns on the cores, rank r on core r mod cores (loomrun --bind core,
+// its default; mpirun maps round-robin alike). Which ranks do the heavy roles
+// then matters: with the root at position 0 and 2 cores, the binomial reduce
+// receives and reduces only on the root's parity (near-first: the odd
+// positions send and leave at the first step), and the binary tree's interior
+// nodes are the even positions, all on the root's core; a chain alternates
+// cores. Measured, 4 ranks on 2 cores, reduce of 128 KiB: chain 23.8 us,
+// binomial 34.0 us, which the busiest-rank model called a tie.
+// The busiest rank's time is scaled by how unevenly the work falls on the
+// cores: (busiest core's work) / (mean core's work), from each position's
+// work with the terms of rooted_busy_us (o per message end, the receiver's
+// copy and reduction, the sender's copy unless single copy). A balanced
+// algorithm keeps its busiest-rank price; pricing every algorithm by its
+// busiest core's summed work instead was tried and chose the binomial
+// broadcast at 8 ranks, 2-8 KiB, which measured 1.6-1.9x slower than the
+// chain there (run 8 sweep). Rabenseifner's halving and scatter-allgather's
+// ring are symmetric: factor 1.
+double core_imbalance(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
+  const int p = x.p, cores = std::max(1, x.c.cores);
+  const double n = x.n;
+  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
+  auto sender_copies = [&](double bytes) {
+    return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
+  };
+  const double gam = red ? x.g() : 0;
+  std::vector<double> w(static_cast<size_t>(p), 0.0);
+  auto at = [&](int v) -> double& { return w[static_cast<size_t>(v)]; };
+  // One message of m bytes, k times (chunks), from position s to position r.
+  auto msg = [&](int s, int r, double m, double k, double o, double b) {
+    at(s) += k * (o + sender_copies(m) * m * b);
+    at(r) += k * (o + m * (b + gam));
+  };
+  const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
+  const double c = n / k;
+  switch (a) {
+    case AlgoKind::kChain: {
+      LinkCost l = x.ring();
+      // Broadcast 0 -> 1 -> ... -> p-1; reduce 1 -> 2 -> ... -> p-1 -> 0.
+      for (int i = 0; i + 1 < p; ++i)
+        red ? msg(i + 1, (i + 2) % p, c, k, l.alpha_us / 2, l.beta_us_per_byte)
+            : msg(i, i + 1, c, k, l.alpha_us / 2, l.beta_us_per_byte);
+      break;
+    }
+    case AlgoKind::kTree: {
+      LinkCost l = x.tree_edge();
+      for (int v = 1; v < p; ++v) {
+        const int parent = btree_node(p, v).parent;
+        red ? msg(v, parent, c, k, l.alpha_us / 2, l.beta_us_per_byte)
+            : msg(parent, v, c, k, l.alpha_us / 2, l.beta_us_per_byte);
+      }
+      break;
+    }
+    case AlgoKind::kBinomial: {
+      // Near-first (patterns.cc): at mask m, v < m sends to v + m (broadcast);
+      // v whose lowest set bit is m sends to v - m (reduce).
+      LinkCost l = x.all();
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
+      for (int m = 1; m < p; m *= 2) {
+        if (red)
+          for (int v = m; v < p; v += 2 * m) msg(v, v - m, n, 1, o, b);
+        else
+          for (int v = m; v < std::min(2 * m, p); ++v) msg(v - m, v, n, 1, o, b);
+      }
+      break;
+    }
+    case AlgoKind::kDirect: {
+      const double o = x.direct_alpha() / 2, b = x.direct_beta();
+      for (int v = 1; v < p; ++v) red ? msg(v, 0, n, 1, o, b) : msg(0, v, n, 1, o, b);
+      break;
+    }
+    default: return 1.0;
+  }
+  std::vector<double> core(static_cast<size_t>(cores), 0.0);
+  double total = 0;
+  for (int v = 0; v < p; ++v) {
+    core[static_cast<size_t>(v % cores)] += w[static_cast<size_t>(v)];
+    total += w[static_cast<size_t>(v)];
+  }
+  const double mean = total / std::min(cores, p);
+  return mean > 0 ? *std::max_element(core.begin(), core.end()) / mean : 1.0;
 }
 
 }  // namespace
@@ -413,6 +493,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       t = rooted_busy_us(a, red, x, chunk);
+      if (c.oversubscribed && c.cores > 0 && p > c.cores) t *= core_imbalance(a, red, x, chunk);
       chunk = (chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
       break;
     }

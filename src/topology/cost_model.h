@@ -92,6 +92,10 @@ struct CommCost {
   // message that lands in scratch to be reduced then saves nothing over a
   // reduced FIFO message (the sender's copy becomes the receiver's).
   bool oversubscribed = false;
+  // With oversubscribed ranks: the CPUs they share (0 = unknown). Rooted
+  // collectives are then priced by the busiest core, with rank r on core
+  // r mod cores (loomrun --bind core, the default; see cost_model.cc).
+  int cores = 0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };
