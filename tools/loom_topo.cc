@@ -7,6 +7,7 @@
 // honoured, so the effect of an override can be seen before running a job.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "loom/types.h"
 #include "topology/algo_override.h"
 #include "topology/discover.h"
@@ -34,6 +36,8 @@ struct Args {
   int nranks = 0;
   int ranks_per_host = 0;
   bool json = false;
+  bool estimates = false;        // --estimates: every algorithm's model estimate, CSV
+  std::vector<size_t> sizes;     // --sizes: for --estimates (default: the selection table's)
 };
 
 void usage(FILE* out) {
@@ -45,6 +49,9 @@ void usage(FILE* out) {
                "  --ranks-per-host R  ranks per host (default: number of GPUs; more ranks => more hosts)\n"
                "  --dump F            also write the topology as XML to F\n"
                "  --json              machine-readable output\n"
+               "  --estimates         instead: the cost model's estimate for every collective, size and\n"
+               "                      algorithm, as CSV (collective,bytes,algorithm,predicted_us,chunk_bytes)\n"
+               "  --sizes LIST        sizes for --estimates (8,4K,1M; bytes as in the perf tables)\n"
                "Environment: LOOM_ALGO (override, e.g. allreduce:0-64K:hypercube,64K-:ring), LOOM_TUNER_PLUGIN.\n");
 }
 
@@ -126,6 +133,20 @@ int main(int argc, char** argv) {
       a.dump_file = next("--dump");
     } else if (s == "--json") {
       a.json = true;
+    } else if (s == "--estimates") {
+      a.estimates = true;
+    } else if (s == "--sizes") {
+      std::string list = next("--sizes");
+      for (size_t pos = 0; pos <= list.size();) {
+        size_t comma = std::min(list.find(',', pos), list.size());
+        uint64_t v = 0;
+        if (!parse_bytes(list.substr(pos, comma - pos), &v)) {
+          std::fprintf(stderr, "loom-topo: bad size in --sizes '%s'\n", list.c_str());
+          return 2;
+        }
+        a.sizes.push_back(v);
+        pos = comma + 1;
+      }
     } else if (s == "--nranks") {
       if (!parse_int(next("--nranks"), 1, 4096, a.nranks)) {
         std::fprintf(stderr, "loom-topo: --nranks must be 1..4096\n");
@@ -169,6 +190,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   Tuner& tuner = *tuner_r.value();
+  if (a.estimates) {
+    // What the tuner weighs (LOOM_ALGO and plugins aside): for "why this
+    // algorithm?" and for checking the model against a measured sweep.
+    std::printf("collective,bytes,algorithm,predicted_us,chunk_bytes\n");
+    for (int ci = 0; ci < kNumCollectives; ++ci) {
+      const Collective coll = static_cast<Collective>(ci);
+      for (size_t bytes : a.sizes.empty() ? table_sizes() : a.sizes)
+        for (const Estimate& e : tuner.estimate_all(coll, bytes, a.nranks))
+          std::printf("%s,%zu,%s,%.3f,%zu\n", collective_name(coll), bytes, algo_name(e.algo), e.us, e.chunk_bytes);
+    }
+    return 0;
+  }
   RankTopology rt = map_ranks(g, a.nranks, a.ranks_per_host);
   const int n = rt.nranks;
 
