@@ -1,4 +1,8 @@
 // LOOM_ALGO grammar, and forcing through the tuner.
+#include <map>
+#include <sstream>
+
+#include "common/test_util.h"
 #include "test_topology_util.h"
 #include "topology/algo_override.h"
 #include "topology/topo_xml.h"
@@ -118,6 +122,44 @@ TEST(AlgoOverride, FromEnvironment) {
   EXPECT_NE(bad.status().message().find("unknown algorithm 'binomal'"), std::string::npos);
   unsetenv("LOOM_ALGO");
   unsetenv("LOOM_TUNE_CALIBRATE");
+}
+
+// loom-topo --estimates prints what select() weighs: for every collective
+// and size its cheapest row is the algorithm the Selection table names.
+TEST(TopoCli, EstimatesAgreeWithTheSelection) {
+  const std::string topo = "env -u LOOM_ALGO -u LOOM_TUNER_PLUGIN LOOM_TOPO_QUIET=1 " + loom::testing::build_bin("loom-topo") +
+                           " --topo-file " + testing::shared_topology("azure-ndv4.xml") + " --nranks 8";
+  std::istringstream est(loom::testing::run_command(topo + " --estimates --sizes 8,2M,16M"));
+  std::string line;
+  ASSERT_TRUE(std::getline(est, line));
+  EXPECT_EQ(line, "collective,bytes,algorithm,predicted_us,chunk_bytes");
+  std::map<std::pair<std::string, std::string>, std::pair<double, std::string>> cheapest;
+  int rows = 0;
+  while (std::getline(est, line)) {
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+    ASSERT_EQ(f.size(), 5u) << line;
+    const double us = std::stod(f[3]);
+    EXPECT_GT(us, 0) << line;
+    auto key = std::make_pair(f[0], f[1]);
+    if (!cheapest.count(key) || us < cheapest[key].first) cheapest[key] = {us, f[2]};
+    ++rows;
+  }
+  EXPECT_GT(rows, 3 * 7);  // several algorithms for most collectives, 3 sizes
+  std::istringstream sel(loom::testing::run_command(topo));
+  int checked = 0;
+  while (std::getline(sel, line)) {
+    std::istringstream ls(line);
+    std::string coll, bytes, algo;
+    if (!(ls >> coll >> bytes >> algo)) continue;
+    const std::string b = bytes == "8" ? "8" : bytes == "2M" ? "2097152" : bytes == "16M" ? "16777216" : "";
+    const auto key = std::make_pair(coll, b);
+    if (b.empty() || !cheapest.count(key)) continue;
+    EXPECT_EQ(algo, cheapest[key].second) << coll << " " << bytes;
+    ++checked;
+  }
+  EXPECT_GE(checked, 12) << "Selection rows at 8 B / 2M / 16M not found";
 }
 
 }  // namespace
