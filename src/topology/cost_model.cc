@@ -119,7 +119,7 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
 //   tree      inner rank: broadcast 1 recv + 2 sends, reduce 2 recvs + 1 send
 //   binomial  root: ceil(log2 p) sends (broadcast) or reduced recvs (reduce)
 //   direct    root: p - 1 sends or reduced recvs
-// Oversubscribed, scaled by core_imbalance (below).
+// Oversubscribed, rooted_core_busy_us (below) sums these terms per core.
 double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const double n = x.n, pp = x.p;
   const int L = ceil_log2(x.p);
@@ -181,23 +181,23 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
 
 // Oversubscribed (more ranks than cores, CommCost::cores known): the ranks
 // take turns on the cores, rank r on core r mod cores (loomrun --bind core,
-// its default; mpirun maps round-robin alike). Which ranks do the heavy roles
-// then matters: with the root at position 0 and 2 cores, the binomial reduce
-// receives and reduces only on the root's parity (near-first: the odd
-// positions send and leave at the first step), and the binary tree's interior
-// nodes are the even positions, all on the root's core; a chain alternates
-// cores. Measured, 4 ranks on 2 cores, reduce of 128 KiB: chain 23.8 us,
-// binomial 34.0 us, which the busiest-rank model called a tie.
-// The busiest rank's time is scaled by how unevenly the work falls on the
-// cores: (busiest core's work) / (mean core's work), from each position's
-// work with the terms of rooted_busy_us (o per message end, the receiver's
-// copy and reduction, the sender's copy unless single copy). A balanced
-// algorithm keeps its busiest-rank price; pricing every algorithm by its
-// busiest core's summed work instead was tried and chose the binomial
-// broadcast at 8 ranks, 2-8 KiB, which measured 1.6-1.9x slower than the
-// chain there (run 8 sweep). Rabenseifner's halving and scatter-allgather's
-// ring are symmetric: factor 1.
-double core_imbalance(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
+// its default; mpirun maps round-robin alike), and a stream of rooted ops
+// runs at the pace of the busiest core: the summed work of its ranks per op,
+// not the busiest rank's. Per position v (rank root + v): o per message end,
+// the receiver's copy (b) and reduction (gam), the sender's copy unless
+// single copy, as in rooted_busy_us.
+// Which ranks do the heavy roles then matters: with 2 cores the binomial
+// reduce receives and reduces only on the root's parity (near-first: the odd
+// positions send and leave at the first step) and the binary tree's interior
+// nodes are the even positions, all on the root's core, while a chain
+// alternates cores. And a pipelined chain pays a message per chunk per rank,
+// which the busiest-rank view hides behind its one inner rank. Measured, 4
+// ranks on 2 cores: reduce 128 KiB chain 23.8 us, binomial 34.0 (the
+// busiest-rank model called them a tie); 8 ranks, broadcast 32 KiB binomial
+// 13.6 us, chain (4 chunks) 16.6.
+// Rabenseifner's halving and scatter-allgather's ring are symmetric: their
+// per-rank figure times the ranks of the busiest core.
+double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const int p = x.p, cores = std::max(1, x.c.cores);
   const double n = x.n;
   const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
@@ -250,16 +250,20 @@ double core_imbalance(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       for (int v = 1; v < p; ++v) red ? msg(v, 0, n, 1, o, b) : msg(0, v, n, 1, o, b);
       break;
     }
-    default: return 1.0;
+    default: return rooted_busy_us(a, red, x, chunk) * std::ceil(static_cast<double>(p) / cores);
   }
   std::vector<double> core(static_cast<size_t>(cores), 0.0);
-  double total = 0;
-  for (int v = 0; v < p; ++v) {
-    core[static_cast<size_t>(v % cores)] += w[static_cast<size_t>(v)];
-    total += w[static_cast<size_t>(v)];
-  }
-  const double mean = total / std::min(cores, p);
-  return mean > 0 ? *std::max_element(core.begin(), core.end()) / mean : 1.0;
+  for (int v = 0; v < p; ++v) core[static_cast<size_t>(v % cores)] += w[static_cast<size_t>(v)];
+  return *std::max_element(core.begin(), core.end());
+}
+
+// A nanosecond per hand-off: decides ties only.
+constexpr double kTieBreakUsPerHop = 1e-3;
+
+// Sequential hand-offs from the root to the farthest rank: p - 1 for the
+// chain, one for direct, ceil(log2 p) for the trees.
+int rooted_depth(AlgoKind a, int p) {
+  return a == AlgoKind::kChain ? p - 1 : a == AlgoKind::kDirect ? 1 : ceil_log2(p);
 }
 
 }  // namespace
@@ -492,8 +496,16 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kDirect: break;
         default: return std::nullopt;
       }
-      t = rooted_busy_us(a, red, x, chunk);
-      if (c.oversubscribed && c.cores > 0 && p > c.cores) t *= core_imbalance(a, red, x, chunk);
+      if (c.oversubscribed && c.cores > 0 && p > c.cores) {
+        // Equal summed work (a chain and a binomial tree of tiny messages
+        // both cost p - 1 messages) goes to the shallower algorithm: with
+        // ranks waiting for a core, every hand-off in a row is a chance to
+        // wait for the next rank's turn. Measured, 8 B: 4 ranks binomial
+        // 0.55-0.60 us, chain 0.66-0.75; 8 ranks 32 B 1.1 vs 1.5.
+        t = rooted_core_busy_us(a, red, x, chunk) + kTieBreakUsPerHop * rooted_depth(a, p);
+      } else {
+        t = rooted_busy_us(a, red, x, chunk);
+      }
       chunk = (chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
       break;
     }

@@ -129,36 +129,52 @@ TEST(TunerModel, OversubscribedScratchReadsSaveNothing) {
             est(AlgoKind::kRabenseifner, Collective::kAllReduce, 8 << 20, 8, c8));
 }
 
-// Oversubscribed with rank r on core r mod 2: the binomial reduce receives
-// only on even positions (1->0, 3->2, then 2->0), so core 0 does three
-// reduced receives and a send, core 1 two sends; the chain 1->2->3->0
-// alternates cores. Measured, 4 ranks on 2 cores, 128 KiB: chain 23.8 us,
-// binomial 34.0 us; without the core term the model called them a tie.
+// Oversubscribed with rank r on core r mod 2, a rooted op costs its busiest
+// core's summed work. The binomial reduce receives only on even positions
+// (1->0, 3->2, then 2->0): core 0 does three reduced receives and a send,
+// core 1 two sends; the chain 1->2->3->0 alternates cores. Measured, 4 ranks
+// on 2 cores, 128 KiB: chain 23.8 us, binomial 34.0 us; the busiest-rank
+// model called them a tie.
 TEST(TunerModel, OversubscribedRootedOpsPayForTheBusiestCore) {
   const int p = 4;
-  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 128 << 10;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 128 << 10, hop = 1e-3;
   CommCost c = uniform(p);
   c.oversubscribed = true;
-  const double plain = est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c);
-  EXPECT_NEAR(plain, 2 * (a / 2 + n * (b + g)), 1e-6);  // the root's two reduced receives
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), 2 * (a / 2 + n * (b + g)), 1e-6)
+      << "cores unknown: the busiest rank, the root's two reduced receives";
   c.cores = 2;
   // Per message: the receiver o + n (b + g), the sender o + n b (FIFO copy).
   const double R = a / 2 + n * (b + g), S = a / 2 + n * b;
-  const double core0 = 3 * R + S, core1 = 2 * S, factor = core0 / ((core0 + core1) / 2);
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), plain * factor, 1e-6);
-  // A balanced broadcast keeps its price: binomial 0->1, 0->2, 1->3 puts two
-  // sends and a receive on each core.
-  c.cores = 0;
-  const double bcast = est(AlgoKind::kBinomial, Collective::kBroadcast, 128 << 10, p, c);
-  c.cores = 2;
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 128 << 10, p, c), bcast, 1e-6);
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), 3 * R + S + 2 * hop, 1e-6);
+  // Broadcast (receives copy only): 0->1, 0->2, 1->3 puts two sends and a
+  // receive on core 0 (ranks 0, 2), a send and two receives on core 1.
+  const double Rb = a / 2 + n * b;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 128 << 10, p, c), 3 * Rb + 2 * hop, 1e-6);
   // With a core per rank nothing changes.
   c.cores = 4;
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), plain, 1e-6);
-  // And the choice at 128 KiB turns from binomial to the chain.
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), 2 * R, 1e-6);
+  // The choice at 128 KiB: the chain.
   c.cores = 2;
   EXPECT_LT(est(AlgoKind::kChain, Collective::kReduce, 128 << 10, p, c),
             est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c));
+}
+
+// Tiny broadcasts on 8 oversubscribed ranks: chain and binomial both cost
+// p - 1 messages, 7 message ends on each core; the tie goes to the shallower
+// binomial tree (3 hand-offs in a row, not 7). With a core per rank the
+// busiest rank decides: the chain's inner rank (2 messages) against the
+// binomial root (3).
+TEST(TunerModel, OversubscribedTiesGoToTheShallowerTree) {
+  const int p = 8;
+  CommCost c = uniform(p);
+  c.oversubscribed = true;
+  c.cores = 2;
+  const double chain = est(AlgoKind::kChain, Collective::kBroadcast, 8, p, c);
+  const double binomial = est(AlgoKind::kBinomial, Collective::kBroadcast, 8, p, c);
+  EXPECT_NEAR(chain - binomial, 4e-3, 1e-9);
+  c.cores = 0;
+  EXPECT_LT(est(AlgoKind::kChain, Collective::kBroadcast, 8, p, c),
+            est(AlgoKind::kBinomial, Collective::kBroadcast, 8, p, c));
 }
 
 // A single-copy broadcast root copies nothing, but each receiver still
