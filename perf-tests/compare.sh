@@ -282,18 +282,20 @@ if mem:
     print("collective cannot avoid, at these rates. target/bound > 1: the issue's target lies above that bound.")
 # Plot data: 2-rank allreduce busbw per library and the model.
 with open(f"{out}/allreduce_2.dat", "w") as f:
-    f.write("# size " + " ".join(impls) + " model\n")
+    f.write("# size " + " ".join(impls) + " model copy_bound\n")
     for (c, n, s), d in sorted(data.items(), key=lambda kv: kv[0][2]):
         if c != "allreduce" or n != 2 or s < 4096: continue
         vals = [f"{d[i][1]:.4f}" if i in d else "NaN" for i in impls]
         vals.append(f"{mem[s][2]:.4f}" if s in mem else "NaN")
+        b = copy_bound(c, n, s) if s >= 65536 else None
+        vals.append(f"{b:.4f}" if b else "NaN")
         f.write(f"{s} " + " ".join(vals) + "\n")
 with open(f"{out}/allreduce_2.gp", "w") as f:
     f.write(f"set terminal png size 900,560\nset output '{out}/allreduce_2ranks.png'\n")
     f.write("set title 'allreduce, 2 ranks, shared memory'\nset logscale x 2\nset logscale y 10\n")
     f.write("set format x '%.0b%B'\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset key top left\nset grid\n")
     f.write("plot " + ", ".join(f"'{out}/allreduce_2.dat' using 1:{k + 2} with linespoints title '{name}'"
-                              for k, name in enumerate(impls + ["memory model"])) + "\n")
+                              for k, name in enumerate(impls + ["memory model", "copy bound"])) + "\n")
 PY
 if command -v gnuplot >/dev/null && [ -s "$OUT/allreduce_2.dat" ]; then
   gnuplot "$OUT/allreduce_2.gp" 2>> "$LOG" && echo "plot: $OUT/allreduce_2ranks.png"
