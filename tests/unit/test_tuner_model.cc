@@ -177,6 +177,26 @@ TEST(TunerModel, OversubscribedTiesGoToTheShallowerTree) {
             est(AlgoKind::kBinomial, Collective::kBroadcast, 8, p, c));
 }
 
+// Bruck all_gather writes each step's blocks straight into place, so a run
+// that wraps past the last block goes as two messages, each below the
+// single-copy threshold sooner. 4 ranks, 512 KiB (128 KiB blocks), single
+// copy from 256 KiB: the second step's worst rank sends 1 + 1 blocks through
+// the FIFO. Measured: Bruck 109 us, recursive doubling 74; the model priced
+// them alike before.
+TEST(TunerModel, BruckAllGatherPaysForItsWrappedRuns) {
+  const int p = 4;
+  const double a = 2.0, b = 1e-3, blk = 128 << 10;
+  CommCost c = uniform(p);
+  c.single_copy_plain_bytes = 256 << 10;
+  c.single_copy_factor = 0.5;
+  c.single_copy_alpha_us = 1.0;
+  const double step0 = a + blk * b;                      // one block, FIFO
+  const double whole = a + 1.0 + 0.5 * 2 * blk * b;       // two blocks, single copy
+  const double split = 2 * a + 2 * blk * b;               // 1 + 1 blocks, FIFO each
+  EXPECT_NEAR(est(AlgoKind::kBruck, Collective::kAllGather, 512 << 10, p, c), step0 + std::max(whole, split), 1e-6);
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllGather, 512 << 10, p, c), step0 + whole, 1e-6);
+}
+
 // A single-copy broadcast root copies nothing, but each receiver still
 // copies the message: the busiest rank's time grows with the size.
 // Regression: direct broadcast was priced at the root's message overheads
