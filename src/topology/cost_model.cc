@@ -110,6 +110,14 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
   return t;
 }
 
+// 1 when the sender of a rooted collective's message of `bytes` copies it
+// (FIFO), 0 when the receiver reads it in place (single copy). Broadcast-like
+// sends land plain; reduce's are reduced on receipt.
+double rooted_sender_copies(const Ctx& x, bool red, double bytes) {
+  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
+  return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
+}
+
 // Steady-state time per op of a rooted collective: the work of its busiest
 // rank. Every message costs each end an overhead o = alpha / 2; the receiver
 // copies its bytes (and reduces them: gamma); the sender copies them too
@@ -123,11 +131,7 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
 double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const double n = x.n, pp = x.p;
   const int L = ceil_log2(x.p);
-  // Broadcast-like sends land plain; reduce's are reduced on receipt.
-  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
-  auto sender_copies = [&](double bytes) {
-    return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
-  };
+  auto sender_copies = [&](double bytes) { return rooted_sender_copies(x, red, bytes); };
   const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
   const double c = n / k;
   const double gam = red ? x.g() : 0;
@@ -200,10 +204,7 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
 double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   const int p = x.p, cores = std::max(1, x.c.cores);
   const double n = x.n;
-  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
-  auto sender_copies = [&](double bytes) {
-    return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
-  };
+  auto sender_copies = [&](double bytes) { return rooted_sender_copies(x, red, bytes); };
   const double gam = red ? x.g() : 0;
   std::vector<double> w(static_cast<size_t>(p), 0.0);
   auto at = [&](int v) -> double& { return w[static_cast<size_t>(v)]; };
