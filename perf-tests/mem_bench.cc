@@ -45,11 +45,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Seconds per call of fn, best of `batches` batches of at least min_time.
-template <typename Fn>
-double best_seconds(Fn fn, double min_time, int batches = 5) {
+// Seconds per call of fn, best of 5 batches of at least min_time;
+// before_batch runs ahead of each batch (untimed).
+template <typename Fn, typename Before = void (*)()>
+double best_seconds(Fn fn, double min_time, Before before_batch = [] {}) {
   double best = 1e30;
-  for (int b = 0; b < batches; ++b) {
+  for (int b = 0; b < 5; ++b) {
+    before_batch();
     long reps = 0;
     auto t0 = Clock::now();
     double el = 0;
@@ -98,26 +100,18 @@ void barrier(XCtl* c, int* local_sense) {
 }
 
 // One round, in both processes: read n bytes of the peer's `src` (the same
-// address in both: fork) into our `dst`; best of 5 batches, each started
-// together. Every batch passes the barrier on both sides, even after a
-// failure (which only stops the copying).
+// address in both: fork) into our `dst`; each batch of best_seconds starts
+// together on both sides. After a failure the batches still pass the
+// barrier, copying nothing.
 void xcopy_round(XCtl* c, int me, pid_t peer, std::byte* src, std::byte* dst, size_t n, int* sense) {
   std::memset(src, me + 1, n);  // our own pages, written after the fork
-  double best = 1e30;
-  for (int b = 0; b < 5; ++b) {
-    barrier(c, sense);
-    long reps = 0;
-    auto t0 = Clock::now();
-    double el = 0;
-    while (!c->failed[me] && el < c->min_time) {
-      iovec here{dst, n}, there{src, n};
-      if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
-      ++reps;
-      el = std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    if (reps) best = std::min(best, el / static_cast<double>(reps));
-  }
-  c->seconds[me] = best;
+  c->seconds[me] = best_seconds(
+      [&] {
+        if (c->failed[me]) return;
+        iovec here{dst, n}, there{src, n};
+        if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
+      },
+      c->min_time, [&] { barrier(c, sense); });
   barrier(c, sense);  // both results are in
 }
 
@@ -167,7 +161,7 @@ int main(int argc, char** argv) {
   std::byte* b = touched(half_max);
   std::byte* dst = touched(half_max);
   // The cross-process copy: a child shares the control block; both keep
-  // buffers of the largest size (the child's are its own copy-on-write
+  // buffers of the largest half (the child's are its own copy-on-write
   // pages, rewritten before each round).
   std::byte* xsrc = touched(half_max);
   std::byte* xdst = touched(half_max);
