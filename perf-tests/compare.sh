@@ -134,13 +134,13 @@ for n in $RANKS; do
         # be compared at 0.05 us (200 iterations of an 8 B allreduce are 80 us of
         # timing); oversubscribed, MPICH's spinning ranks make 2000 take minutes.
         [ "$QUICK" = 0 ] && [ "$n" -le "$(nproc)" ] && iters=(-n 2000 -w 100)
+        miters=("${iters[@]}")
         # Oversubscribed, 50 iterations of a 3 us op are 150 us of timing: one
         # sleeping rank's wake-up (tens of us on a VM) moved a ratio 2-4x from
         # round to round (run 9: 4-rank allreduce 4 KiB 8-28 us). Loom and Open
         # MPI get 500; MPICH (ms per op there, its ranks spin) keeps few.
         [ "$n" -gt "$(nproc)" ] && iters=(-n 500 -w 50) && miters=(-n 10 -w 2)
-      else sizes=$LARGE; iters=("${LARGE_ITERS[@]}"); check=0; giters=("${LARGE_ITERS[@]}"); fi
-      [ "$part" = large ] || [ "$n" -le "$(nproc)" ] && miters=("${iters[@]}")
+      else sizes=$LARGE; iters=("${LARGE_ITERS[@]}"); miters=("${iters[@]}"); check=0; giters=("${LARGE_ITERS[@]}"); fi
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
