@@ -133,20 +133,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--sizes" && i + 1 < argc) {
-      sizes.clear();
-      std::string list = argv[++i];
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        uint64_t v;
-        if (!loom::parse_bytes(item, &v)) {
-          fprintf(stderr, "mem_bench: bad size '%s'\n", item.c_str());
-          return 2;
-        }
-        sizes.push_back(v);
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
+      if (!loom::parse_bytes_list(argv[++i], &sizes)) {
+        fprintf(stderr, "mem_bench: bad size list '%s'\n", argv[i]);
+        return 2;
       }
     } else if (a == "--min-time" && i + 1 < argc) {
       min_time = atof(argv[++i]);

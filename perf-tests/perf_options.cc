@@ -113,20 +113,6 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-bool parse_size_list(const char* s, std::vector<size_t>* out) {
-  out->clear();
-  std::string_view rest(s);
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string item(rest.substr(0, comma));
-    size_t v;
-    if (item.empty() || !parse_size(item.c_str(), &v)) return false;
-    out->push_back(v);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
-  return !out->empty();
-}
-
 enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway };
 
 }  // namespace
@@ -221,7 +207,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         o->notes.push_back(std::string("-") + static_cast<char>(ch) + " " + optarg +
                            " ignored (GPU / thread option of nccl-tests; one Loom rank per process)");
         break;
-      case kSizes: if (!parse_size_list(optarg, &o->sizes)) return bad("--sizes", optarg); break;
+      case kSizes: if (!parse_bytes_list(optarg, &o->sizes)) return bad("--sizes", optarg); break;
       case kJson: if (optarg) o->json_file = optarg; else o->json_stdout = true; break;
       case kCsv: if (optarg) o->csv_file = optarg; else o->csv_stdout = true; break;
       case kBaseline:

@@ -136,16 +136,10 @@ int main(int argc, char** argv) {
     } else if (s == "--estimates") {
       a.estimates = true;
     } else if (s == "--sizes") {
-      std::string list = next("--sizes");
-      for (size_t pos = 0; pos <= list.size();) {
-        size_t comma = std::min(list.find(',', pos), list.size());
-        uint64_t v = 0;
-        if (!parse_bytes(list.substr(pos, comma - pos), &v)) {
-          std::fprintf(stderr, "loom-topo: bad size in --sizes '%s'\n", list.c_str());
-          return 2;
-        }
-        a.sizes.push_back(v);
-        pos = comma + 1;
+      const char* list = next("--sizes");
+      if (!parse_bytes_list(list, &a.sizes)) {
+        std::fprintf(stderr, "loom-topo: bad size in --sizes '%s'\n", list);
+        return 2;
       }
     } else if (s == "--nranks") {
       if (!parse_int(next("--nranks"), 1, 4096, a.nranks)) {

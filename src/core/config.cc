@@ -159,6 +159,19 @@ bool parse_bytes(const std::string& text, uint64_t* out) {
   return true;
 }
 
+bool parse_bytes_list(const std::string& text, std::vector<size_t>* out) {
+  out->clear();
+  size_t pos = 0;
+  for (;;) {
+    const size_t comma = text.find(',', pos);
+    uint64_t v = 0;
+    if (!parse_bytes(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos), &v)) return false;
+    out->push_back(static_cast<size_t>(v));
+    if (comma == std::string::npos) return true;
+    pos = comma + 1;
+  }
+}
+
 uint64_t env_bytes(const char* name, uint64_t def) {
   const char* v = env_raw(name);
   uint64_t x = 0;

@@ -32,6 +32,8 @@ std::string env_string(const char* name, const std::string& def);
 uint64_t env_bytes(const char* name, uint64_t def);
 // Parses "64K", "1M", "8" -> bytes; false on malformed input.
 bool parse_bytes(const std::string& text, uint64_t* out);
+// Parses "8,4K,1M" (parse_bytes per item); false on an empty list or item.
+bool parse_bytes_list(const std::string& text, std::vector<size_t>* out);
 
 // Typed accessors for the registered parameters (defaults live in config.cc).
 namespace params {
