@@ -39,10 +39,14 @@ enum class Collective : int {
 };
 inline constexpr int kNumCollectives = 7;
 
-bool is_valid(DataType dt);
-bool is_valid(RedOp op);
+// Inline: asked several times per operation on the per-op path.
+constexpr bool is_valid(DataType dt) { return static_cast<int>(dt) >= 0 && static_cast<int>(dt) < kNumDataTypes; }
+constexpr bool is_valid(RedOp op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < kNumRedOps; }
 // Size in bytes of one element; 0 for an invalid type.
-size_t dtype_size(DataType dt);
+constexpr size_t dtype_size(DataType dt) {
+  constexpr unsigned char kBytes[kNumDataTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  return is_valid(dt) ? kBytes[static_cast<int>(dt)] : 0;
+}
 bool is_floating(DataType dt);
 const char* dtype_name(DataType dt);   // "float32", "bfloat16", "fp8_e4m3", ...
 const char* redop_name(RedOp op);      // "sum", "prod", ...

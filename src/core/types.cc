@@ -39,11 +39,16 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// The inline dtype_size (types.h) and this table must agree.
+constexpr bool sizes_agree() {
+  for (const auto& d : kDtypes)
+    if (dtype_size(d.dt) != d.size) return false;
+  return true;
+}
+static_assert(sizes_agree(), "dtype_size in loom/types.h disagrees with kDtypes");
+
 }  // namespace
 
-bool is_valid(DataType dt) { return static_cast<int>(dt) >= 0 && static_cast<int>(dt) < kNumDataTypes; }
-bool is_valid(RedOp op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < kNumRedOps; }
-size_t dtype_size(DataType dt) { return is_valid(dt) ? kDtypes[static_cast<int>(dt)].size : 0; }
 bool is_floating(DataType dt) { return is_valid(dt) && kDtypes[static_cast<int>(dt)].floating; }
 const char* dtype_name(DataType dt) { return is_valid(dt) ? kDtypes[static_cast<int>(dt)].name : "invalid"; }
 const char* redop_name(RedOp op) { return is_valid(op) ? kRedops[static_cast<int>(op)] : "invalid"; }

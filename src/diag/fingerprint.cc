@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstring>
 
 namespace loom::diag {
@@ -23,6 +24,7 @@ struct Wire {
   uint32_t seq;
 };
 static_assert(sizeof(Wire) == kFingerprintBytes);
+static_assert(offsetof(Wire, seq) == kFingerprintBytes - 4, "check() compares everything before the op sequence");
 
 bool uses_op(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
@@ -48,7 +50,27 @@ std::string describe_call(Collective coll, size_t count, DataType dt, RedOp op, 
   return fmt::format("{}({}{} x {})", collective_name(coll), args, count, short_dtype_name(dt));
 }
 
-void Fingerprint::encode(int peer, size_t step_count, std::byte* out) const {
+void Fingerprint::set(const CollArgs* args, uint64_t seq, uint64_t coll_seq) {
+  args_ = args;
+  seq_ = seq;
+  coll_seq_ = coll_seq;
+  if (args->coll == Collective::kSendRecv) return;
+  // Fields the collective ignores are sent as 0, so that matching calls
+  // send identical headers (a broadcast's reduction op may differ by rank).
+  Wire w{};
+  w.magic = kMagic;
+  w.version = kVersion;
+  w.coll = static_cast<uint8_t>(args->coll);
+  w.dt = static_cast<uint8_t>(args->dt);
+  w.op = uses_op(args->coll) ? static_cast<uint8_t>(args->op) : 0;
+  w.coll_seq = coll_seq;
+  w.count = args->count;
+  w.root = uses_root(args->coll) ? args->root : 0;
+  w.seq = static_cast<uint32_t>(seq);
+  std::memcpy(header_, &w, sizeof(w));
+}
+
+void Fingerprint::encode_p2p(int peer, size_t step_count, std::byte* out) const {
   const CollArgs& a = *args_;
   Wire w{};
   w.magic = kMagic;
@@ -56,14 +78,8 @@ void Fingerprint::encode(int peer, size_t step_count, std::byte* out) const {
   w.coll = static_cast<uint8_t>(a.coll);
   w.dt = static_cast<uint8_t>(a.dt);
   w.op = static_cast<uint8_t>(a.op);
-  if (a.coll == Collective::kSendRecv) {
-    w.count = step_count;
-    w.root = peer;
-  } else {
-    w.coll_seq = coll_seq_;
-    w.count = a.count;
-    w.root = a.root;
-  }
+  w.count = step_count;
+  w.root = peer;
   w.seq = static_cast<uint32_t>(seq_);
   std::memcpy(out, &w, sizeof(w));
 }
@@ -76,7 +92,7 @@ std::string Fingerprint::describe_mine(int peer, size_t step_count, bool as_send
   return describe_call(a.coll, a.count, a.dt, a.op, a.root);
 }
 
-Status Fingerprint::check(int peer, size_t step_count, const std::byte* in) const {
+Status Fingerprint::check_slow(int peer, size_t step_count, const std::byte* in) const {
   const CollArgs& a = *args_;
   Wire w;
   std::memcpy(&w, in, sizeof(w));

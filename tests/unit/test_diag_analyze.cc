@@ -64,6 +64,33 @@ TEST(Fingerprint, MatchingCallsPassAndEveryFieldCounts) {
   EXPECT_NE(st.message().find("collective #3 vs #4"), std::string::npos) << st.message();
 }
 
+// The receiver compares the header as bytes: fields the collective ignores
+// must not make matching calls differ (regression guard for that compare).
+TEST(Fingerprint, FieldsTheCollectiveIgnoresDoNotCount) {
+  CollArgs b0 = coll(Collective::kBroadcast, 64, 0, 2), b1 = coll(Collective::kBroadcast, 64, 1, 2);
+  b0.op = RedOp::kSum;
+  b1.op = RedOp::kMax;  // a broadcast reduces nothing
+  Fingerprint f0, f1;
+  f0.set(&b0, 10, 7);
+  f1.set(&b1, 12, 7);  // op sequences may differ (send/recv in between): informational
+  std::byte h[kFingerprintBytes];
+  f0.encode(1, 64, h);
+  EXPECT_TRUE(f1.check(0, 64, h).is_ok());
+  CollArgs a0 = coll(Collective::kAllReduce, 64, 0, 0), a1 = coll(Collective::kAllReduce, 64, 1, 3);
+  f0.set(&a0, 1, 1);
+  f1.set(&a1, 1, 1);  // an allreduce has no root
+  f0.encode(1, 64, h);
+  EXPECT_TRUE(f1.check(0, 64, h).is_ok());
+  // ... while the fields it uses still count.
+  CollArgs b2 = coll(Collective::kBroadcast, 64, 1, 3);
+  f0.set(&b0, 10, 7);
+  f1.set(&b2, 10, 7);
+  f0.encode(1, 64, h);
+  Status st = f1.check(0, 64, h);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(st.message().find("broadcast(root=2, 64 x fp32)"), std::string::npos) << st.message();
+}
+
 TEST(Fingerprint, DataWhereAHeaderBelongsIsOutOfStep) {
   CollArgs a = coll(Collective::kAllReduce, 16, 1);
   Fingerprint f;
