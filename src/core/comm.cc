@@ -24,7 +24,7 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
   // engine thread and back, which costs two wake-ups per op.
   if (timeout == std::chrono::milliseconds::max() && !s.done.load(std::memory_order_acquire)) {
     if (auto gate = s.gate.lock()) {
-      std::unique_lock<std::mutex> g(gate->mu, std::try_to_lock);
+      std::unique_lock<detail::GateLock> g(gate->mu, std::try_to_lock);
       if (g.owns_lock() && gate->comm) {
         while (!s.done.load(std::memory_order_acquire) && gate->comm->run_next_queued()) {
         }

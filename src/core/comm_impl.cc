@@ -290,16 +290,19 @@ Result<Work> CommImpl::enqueue(Op& op) {
   // instructions of an 8 B op). The engine gate proves that no op is
   // running; pending_ == 0 under it, that none is queued.
   if (caller_waits_ && op.gates.empty() && !op.subs.empty() && pending_.load(std::memory_order_acquire) == 0) {
-    std::unique_lock<std::mutex> g(gate_->mu, std::try_to_lock);
+    std::unique_lock<GateLock> g(gate_->mu, std::try_to_lock);
     if (g.owns_lock() && pending_.load(std::memory_order_acquire) == 0) {
       // One op starts now, a moment after it was enqueued: one clock read
       // for both (a group's later members start when the earlier end).
       if (op.subs.size() == 1) op.subs.front().start_ns = enqueued_ns;
-      unfinished_.fetch_add(1, std::memory_order_release);
+      running_at_issue_.store(true, std::memory_order_relaxed);
       Status st = execute(op);
-      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-      inline_ops_.fetch_add(1, std::memory_order_relaxed);
-      return Work(st.is_ok() ? done_ok_ : WorkState::completed(st));
+      running_at_issue_.store(false, std::memory_order_release);
+      inline_ops_.store(inline_ops_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      // A finished op needs no shared state: an empty Work waits for nothing
+      // and reports ok (no reference count to bump and drop per op).
+      if (st.is_ok()) return Work();
+      return Work(WorkState::completed(st));
     }
   }
   op.work = std::make_shared<WorkState>();
@@ -464,7 +467,7 @@ void CommImpl::engine_main() {
       cv_.wait(lk, [&] { return !queue_.empty() || stopping_; });
       if (queue_.empty()) return;
     }
-    std::unique_lock<std::mutex> g(gate_->mu, std::try_to_lock);
+    std::unique_lock<GateLock> g(gate_->mu, std::try_to_lock);
     if (!g.owns_lock()) {
       // A thread blocked in Work::wait is running ops. Do not queue up behind
       // it (that costs a second wake-up per op); look again shortly in case
@@ -574,7 +577,7 @@ Status CommImpl::destroy() {
   {
     // A thread inside Work::wait may still be running an op: wait for it,
     // then make sure no later wait can reach this communicator.
-    std::lock_guard<std::mutex> g(gate_->mu);
+    std::lock_guard<GateLock> g(gate_->mu);
     gate_->comm = nullptr;
   }
   exec_.reset();

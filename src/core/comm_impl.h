@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -31,8 +32,30 @@ class CommImpl;
 // Whoever holds mu runs the communicator's queued ops: the engine thread, or a
 // thread blocked in Work::wait, which then runs them itself instead of paying
 // two cross-thread wake-ups per op. comm is cleared (under mu) by destroy.
+// Whoever holds the engine gate runs the communicator's ops: the engine
+// thread, a thread in Work::wait, or the issuing thread (ops run at issue).
+// Taken with try_lock on the per-op path: one exchange, and a plain store to
+// release (a pthread mutex's trylock + unlock are two locked instructions,
+// ~20 ns here against a few hundred per 8 B op). lock() is for destroy.
+class GateLock {
+ public:
+  bool try_lock() {
+    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
+  }
+  void lock() {
+    for (int i = 0; !try_lock(); ++i) {
+      if (i < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  void unlock() { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 struct EngineGate {
-  std::mutex mu;
+  GateLock mu;
   CommImpl* comm = nullptr;
 };
 
@@ -93,7 +116,9 @@ class CommImpl final : public diag::DiagClient {
   void set_caller_waits(bool on) { caller_waits_ = on; }
   void revoke();
   bool revoked() const { return revoked_.load(std::memory_order_acquire); }
-  bool quiescent() const { return unfinished_.load(std::memory_order_acquire) == 0; }
+  bool quiescent() const {
+    return unfinished_.load(std::memory_order_acquire) == 0 && !running_at_issue_.load(std::memory_order_acquire);
+  }
   // Waits (polling) until quiescent() or the deadline passes.
   Status wait_quiescent(Deadline deadline) const;
   Status destroy();
@@ -185,8 +210,11 @@ class CommImpl final : public diag::DiagClient {
   const RankSchedule* last_sched_ = nullptr;
   std::atomic<int> pending_{0};             // ops in queue_, polled without the lock
   std::shared_ptr<EngineGate> gate_ = std::make_shared<EngineGate>();
-  std::shared_ptr<WorkState> done_ok_ = WorkState::completed(Status::ok());  // shared by ops run at issue
-  std::atomic<uint64_t> inline_ops_{0};
+  // An op run at issue (enqueue) under the engine gate. Written only by the
+  // gate's holder, so plain stores do: a locked read-modify-write costs ~10 ns
+  // here, and an 8 B op has a few hundred ns per rank (docs/performance.md, Run 10).
+  std::atomic<bool> running_at_issue_{false};
+  std::atomic<uint64_t> inline_ops_{0};  // likewise written under the gate only
   std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
 

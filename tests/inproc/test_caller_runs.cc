@@ -5,6 +5,7 @@
 // the queue, and that an op never overtakes one issued before it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -119,6 +120,55 @@ TEST(CallerRuns, FailureAtIssueIsReported) {
   auto again = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kSum);
   ASSERT_FALSE(again.is_ok());
   EXPECT_NE(again.status().message().find("failed earlier"), std::string::npos) << again.status().to_string();
+}
+
+// While an op runs at issue the communicator is not quiescent (revoke waits
+// for it), and once it returned, its Work is finished and ok. Rank 0 blocks
+// in an allreduce at issue until rank 1 joins 100 ms later; a third thread
+// watches rank 0's quiescent() meanwhile. Regression guard for the op-at-issue
+// flag that replaced the counter of unfinished ops on that path.
+TEST(CallerRuns, OpAtIssueIsNotQuiescentAndEndsOk) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  Comm& c0 = *(*comms)[0];
+  Comm& c1 = *(*comms)[1];
+  c0.set_caller_waits(true);
+  EXPECT_TRUE(c0.quiescent());
+  std::atomic<bool> entered{false}, done{false};
+  std::atomic<int> busy_seen{0};
+  std::vector<float> v0(4, 1.0f), v1(4, 2.0f);
+  Status s0, s1;
+  bool test0 = false;
+  std::thread t0([&] {
+    entered = true;
+    auto w = c0.allreduce(v0.data(), v0.data(), v0.size(), DataType::kFloat32, RedOp::kSum);
+    s0 = w.is_ok() ? Status::ok() : w.status();
+    if (w.is_ok()) {
+      test0 = w->test();
+      s0 = w->status();
+      if (s0.is_ok()) s0 = w->wait();
+    }
+    done = true;
+  });
+  std::thread watch([&] {
+    while (!entered) std::this_thread::yield();
+    for (int i = 0; i < 50 && !done; ++i) {
+      if (!c0.quiescent()) ++busy_seen;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto w1 = c1.allreduce(v1.data(), v1.data(), v1.size(), DataType::kFloat32, RedOp::kSum);
+  s1 = w1.is_ok() ? w1->wait() : w1.status();
+  t0.join();
+  watch.join();
+  EXPECT_TRUE(s0.is_ok()) << s0.to_string();
+  EXPECT_TRUE(s1.is_ok()) << s1.to_string();
+  EXPECT_TRUE(test0) << "an op run at issue is finished when the call returns";
+  EXPECT_EQ(v0[3], 3.0f);
+  EXPECT_GT(busy_seen.load(), 10) << "quiescent() said yes while rank 0 ran an op at issue";
+  EXPECT_TRUE(c0.quiescent());
+  EXPECT_GE(c0.impl()->inline_ops(), 1u);
 }
 
 }  // namespace
