@@ -131,6 +131,11 @@ Result<RankSchedule> halving_reduce_scatter(const CollArgs& a) {
     cur = w;
   }
   const int core = f.core_of(r);
+  // A core of one member ends owning just its block: the last exchange
+  // reduces straight into the output (as the ring's last step does) instead
+  // of into W and a copy after it. A folded core (two members) keeps the copy.
+  const bool one_member = !(r < 2 * f.extra);
+  bool in_output = false;
   for (int mask = f.p2 / 2; mask >= 1; mask /= 2) {
     const int base = core & ~(2 * mask - 1);
     const bool upper = core & mask;
@@ -141,12 +146,14 @@ Result<RankSchedule> halving_reduce_scatter(const CollArgs& a) {
     Phase p = std::move(pending);
     pending = Phase{};
     p.steps.push_back(send_to_reduce_step(peer, at(cur, g0 * c), (g1 - g0) * c));
-    p.steps.push_back(recv_reduce_step(peer, at(cur, k0 * c), at(w, k0 * c), (k1 - k0) * c));
+    in_output = mask == 1 && one_member;
+    const BufRef dst = in_output ? BufRef{kBufRecv, 0} : at(w, k0 * c);
+    p.steps.push_back(recv_reduce_step(peer, at(cur, k0 * c), dst, (k1 - k0) * c));
     push_phase(s, std::move(p));
     cur = w;
   }
-  // cur now holds the finished block(s) of this core's member(s).
-  pending.steps.push_back(copy_step(at(cur, r * c), {kBufRecv, 0}, c));
+  // The output, or W (cur), now holds the finished block(s) of this core's member(s).
+  if (!in_output) pending.steps.push_back(copy_step(at(cur, r * c), {kBufRecv, 0}, c));
   if (avg) pending.steps.push_back(divide_step({kBufRecv, 0}, c));
   if (r < 2 * f.extra) {
     if (avg) pending.steps.push_back(divide_step(at(w, (r - 1) * c), c));

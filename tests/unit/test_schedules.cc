@@ -255,6 +255,36 @@ TEST(Interpreter, ChecksOverlappedCopies) {
   EXPECT_EQ(a[7], 3.0f);
 }
 
+// Recursive halving reduce_scatter: a rank whose core has one member reduces
+// its last exchange straight into the output, as the ring does; only a folded
+// core (two members, non-power-of-two counts) copies its block out of scratch.
+// Regression: every rank copied its block from scratch at the end, a copy of
+// n/2 per rank at 2 ranks (2-rank halving 2 MiB 343-358 us, ring 260-269;
+// 255-279 without the copy). Correctness of both forms: the matrix above.
+TEST(Schedules, HalvingReduceScatterEndsInTheOutput) {
+  auto local_copies = [](const RankSchedule& s) {
+    int k = 0;
+    for (const Phase& p : s.phases)
+      for (const Step& st : p.steps) k += st.kind == StepKind::kCopy;
+    return k;
+  };
+  for (int n : {2, 3, 4, 6, 8}) {
+    for (int r = 0; r < n; ++r) {
+      CollArgs a;
+      a.coll = Collective::kReduceScatter;
+      a.nranks = n;
+      a.rank = r;
+      a.count = 1000;
+      auto s = make_schedule(a, "rabenseifner");
+      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      const int p2 = 1 << (31 - __builtin_clz(static_cast<unsigned>(n)));
+      const int extra = n - p2;
+      const bool folded_core = r < 2 * extra && r % 2 == 1;  // receives its even neighbour's data
+      EXPECT_EQ(local_copies(*s), folded_core ? 1 : 0) << "n=" << n << " rank " << r;
+    }
+  }
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
