@@ -256,11 +256,11 @@ TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
 }
 
 // Small messages travel in cache-line slots (LOOM_SHM_SLOTS). One group
-// sends 160 messages to one peer, in order: 100 slot-sized ones (up to the
-// 120 B payload; the first carries the op header) while the receiver comes
-// 3 ms late, so the sender fills the 64 slots and has to wait for the
-// receiver to free them; then slot, FIFO (just above a slot) and
-// single-copy sizes mixed.
+// sends messages to one peer, in order: first slot-sized ones (up to the
+// 120 B payload; the first carries the op header), 36 more than the ring
+// holds, while the receiver comes 3 ms late, so the sender fills every slot
+// and has to wait for the receiver to free them; then 60 of slot, FIFO (just
+// above a slot) and single-copy sizes mixed.
 // With slots off everything takes the old paths; the results must agree.
 TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
   for (const char* slots : {"1", "0"}) {
@@ -274,11 +274,12 @@ TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
     ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
     // int32 counts: 2 (8 B), 30 (120 B: a full slot), 31 (124 B: FIFO),
     // 1, 50 (FIFO), 20000 (80 KB: single copy).
-    // The first 100 all fit a slot (a single-copy message would hold the
+    // The first kSlotOnly all fit a slot (a single-copy message would hold the
     // sender back until it is read; these do not), then the sizes mix.
     const size_t counts[] = {2, 30, 31, 1, 50, 20000};
-    const int kMsgs = 160;
-    auto count_of = [&](int i) { return i < 100 ? (i % 2 ? size_t{30} : size_t{2}) : counts[i % 6]; };
+    const int kSlotOnly = static_cast<int>(ShmTransport::slot_ring_size()) + 36;
+    const int kMsgs = kSlotOnly + 60;
+    auto count_of = [&](int i) { return i < kSlotOnly ? (i % 2 ? size_t{30} : size_t{2}) : counts[i % 6]; };
     const uint64_t before = ShmTransport::slot_messages();
     std::vector<std::string> err(2);
     std::vector<std::thread> ts;
@@ -314,7 +315,8 @@ TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
       });
     for (auto& t : ts) t.join();
     for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "slots " << slots << ", rank " << r;
-    if (std::string(slots) == "1") EXPECT_GE(ShmTransport::slot_messages() - before, 50u) << "no slot was used";
+    if (std::string(slots) == "1")
+      EXPECT_GE(ShmTransport::slot_messages() - before, static_cast<uint64_t>(kSlotOnly)) << "a slot-sized message missed its slot";
     else EXPECT_EQ(ShmTransport::slot_messages() - before, 0u) << "LOOM_SHM_SLOTS=0 still used slots";
   }
 }
