@@ -29,14 +29,10 @@ namespace detail {
 
 class CommImpl;
 
-// Whoever holds mu runs the communicator's queued ops: the engine thread, or a
-// thread blocked in Work::wait, which then runs them itself instead of paying
-// two cross-thread wake-ups per op. comm is cleared (under mu) by destroy.
-// Whoever holds the engine gate runs the communicator's ops: the engine
-// thread, a thread in Work::wait, or the issuing thread (ops run at issue).
-// Taken with try_lock on the per-op path: one exchange, and a plain store to
-// release (a pthread mutex's trylock + unlock are two locked instructions,
-// ~20 ns here against a few hundred per 8 B op). lock() is for destroy.
+// The engine gate's lock. Taken with try_lock on the per-op path: one
+// exchange, and a plain store to release (a pthread mutex's trylock + unlock
+// are two locked instructions, ~20 ns here against a few hundred per 8 B op).
+// lock() is for destroy.
 class GateLock {
  public:
   bool try_lock() {
@@ -54,6 +50,10 @@ class GateLock {
   std::atomic<bool> held_{false};
 };
 
+// Whoever holds mu runs the communicator's ops: the engine thread, a thread
+// blocked in Work::wait (which then runs them itself instead of paying two
+// cross-thread wake-ups per op), or the issuing thread (ops run at issue).
+// comm is cleared (under mu) by destroy.
 struct EngineGate {
   GateLock mu;
   CommImpl* comm = nullptr;
