@@ -5,7 +5,6 @@
 // reason, and the algorithm selection table per collective and size (chosen
 // algorithm, predicted time, runner-up). LOOM_ALGO and LOOM_TUNER_PLUGIN are
 // honoured, so the effect of an override can be seen before running a job.
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -173,8 +172,7 @@ int main(int argc, char** argv) {
   }
   int ngpus = g.count(NodeType::kGpu);
   if (a.nranks == 0) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    a.nranks = ngpus > 0 ? ngpus : static_cast<int>(std::max(2L, cores));
+    a.nranks = ngpus > 0 ? ngpus : std::max(2, params::host_cores());
   }
   TunerOptions opts;
   opts.ranks_per_host = a.ranks_per_host;

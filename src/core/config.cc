@@ -185,7 +185,8 @@ namespace {
 constexpr uint64_t kSingleCopyBytes = 256ull << 10;
 }  // namespace
 
-bool oversubscribed(int local_ranks) { return local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+int host_cores() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+bool oversubscribed(int local_ranks) { return local_ranks > host_cores(); }
 
 uint64_t shm_single_copy_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", kSingleCopyBytes);

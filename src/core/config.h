@@ -43,6 +43,8 @@ uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
 // LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (messages the receiver stores); 0 = never.
 // Their defaults depend on how many ranks share this host's CPUs.
 uint64_t shm_single_copy_bytes(int local_ranks);
+// CPUs online on this host, which its ranks share.
+int host_cores();
 // More ranks on this host than it has CPUs online.
 bool oversubscribed(int local_ranks);
 uint64_t shm_single_copy_plain_bytes(int local_ranks);

@@ -1,7 +1,5 @@
 #include "topology/tuner.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -137,7 +135,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     c.single_copy_bytes = params::shm_single_copy_bytes(p);
     c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
-    if (c.oversubscribed) c.cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    if (c.oversubscribed) c.cores = params::host_cores();
   }
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {
