@@ -821,7 +821,6 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
 size_t ShmTransport::slot_ring_size() { return kSlots; }
-
 uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.load(std::memory_order_relaxed); }
 
 uint64_t ShmTransport::wait_timeouts() { return g_wait_timeouts.load(std::memory_order_relaxed); }
