@@ -28,17 +28,19 @@
 #   -x ARGS    extra arguments for the *_perf runs, e.g. -x "-z 1": blocking,
 #              one op at a time: the model predicts one op's latency, while
 #              back-to-back rooted ops (broadcast, reduce) overlap each other
+#   -I         judge the in-place column instead of the out-of-place one (the
+#              same runs time both; the tuner may choose differently in place)
 #   -o DIR     output directory (default: algo-sweep-out)
 # Example (quick, small scale): perf-tests/algo_sweep.sh -r 2,4 -e 4M -n 5
 set -euo pipefail
 
 BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out ROUNDS=1 EXTRA=""
-CONFIRM=5 ANALYZE_ONLY=0
-while getopts "B:c:r:b:e:f:n:w:a:o:R:C:Nx:h" opt; do
+CONFIRM=5 ANALYZE_ONLY=0 PLACE=oop
+while getopts "B:c:r:b:e:f:n:w:a:o:R:C:Nx:Ih" opt; do
   case $opt in
     B) BUILD=$OPTARG ;; c) COLL=$OPTARG ;; r) RANKS=$OPTARG ;; b) MINB=$OPTARG ;; e) MAXB=$OPTARG ;;
     f) FACTOR=$OPTARG ;; n) ITERS=$OPTARG ;; w) WARM=$OPTARG ;; a) ALGOS=$OPTARG ;; o) OUT=$OPTARG ;;
-    R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; N) ANALYZE_ONLY=1 ;; x) EXTRA=$OPTARG ;;
+    R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; N) ANALYZE_ONLY=1 ;; x) EXTRA=$OPTARG ;; I) PLACE=ip ;;
     *) sed -n '2,32p' "$0"; exit 2 ;;
   esac
 done
@@ -89,9 +91,9 @@ done
 # ("n size choice best best_us" per line); $1 = report: the tables, with the
 # confirmation runs' verdict where there are any.
 analyze() {
-python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" "$1" <<'EOF'
+python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" "$1" "$PLACE" <<'EOF'
 import collections, csv, os, re, sys
-out, coll, ranks, algos, mode = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(","), sys.argv[5]
+out, coll, ranks, algos, mode, place = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(","), sys.argv[5], sys.argv[6]
 # Confirmation runs: (n, size, algo) -> fastest time over the rounds, and the rounds.
 confirm, confirm_rounds = {}, collections.Counter()
 cpath = os.path.join(out, "confirm.csv")
@@ -103,7 +105,9 @@ if mode == "report" and os.path.exists(cpath):
         if t > 0 and (key not in confirm or t < confirm[key]): confirm[key] = t
 # loomrun merges the ranks' stderr into stdout with a "[rank]" prefix; the
 # engine logs "... rank 0: allreduce 8 B -> tree (LOOM_ALGO, predicted 2.0 us, ...)".
-pat = re.compile(r"rank 0: (\S+) (\d+) B -> (\S+) \(([^,]+), predicted (-?[\d.]+) us")
+# An in-place call's line says so ("... 65536 B in place -> ..."): -I reads those.
+pat = re.compile(r"rank 0: (\S+) (\d+) B" + (" in place" if place == "ip" else "") +
+                 r" -> (\S+) \(([^,]+), predicted (-?[\d.]+) us")
 coll_log = coll
 # bytes in the TUNE line are per-rank buffer bytes; the perf CSV's size is
 # nccl-tests' size: the same for allreduce/broadcast/reduce, nranks x for the others.
@@ -115,7 +119,7 @@ def load(n, algo):
     for path in rounds:
         if not os.path.exists(path): continue
         for row in csv.DictReader(open(path)):
-            t = float(row["oop_time_us"])
+            t = float(row[place + "_time_us"])
             s = int(row["size"])
             if t > 0 and (s not in meas or t < meas[s]): meas[s] = t
     for ext in (".out", ".log"):
@@ -230,7 +234,7 @@ if (( CONFIRM > 0 && ! ANALYZE_ONLY )); then
             "${extra[@]}" --csv="$csvf" > /dev/null 2>> "$OUT/confirm.log" < /dev/null \
           || { echo "   failed: see $OUT/confirm.log" >&2; continue; }
         # The second row: the first pass over the size is a warm-up.
-        t=$(awk -F, 'NR > 1 {t = $8} END {print t}' "$csvf")
+        t=$(awk -F, -v col=$([[ $PLACE == ip ]] && echo 12 || echo 8) 'NR > 1 {t = $col} END {print t}' "$csvf")
         echo "$n,$s,$a,$round,$t" >> "$OUT/confirm.csv"
       done
     done

@@ -368,8 +368,8 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
       // The model's pipelining chunk, unless LOOM_CHUNK_BYTES pins one.
       if (sel->chunk_bytes && !env_raw("LOOM_CHUNK_BYTES"))
         args.chunk_elems = std::max<size_t>(1, sel->chunk_bytes / dtype_size(a.dt));
-      LOOM_INFO(kLogTune, "{} rank {}: {} {} B -> {} ({}, predicted {:.1f} us{})", name_, rank_, collective_name(a.coll),
-                bytes, chosen, sel->source, sel->predicted_us,
+      LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us{})", name_, rank_,
+                collective_name(a.coll), bytes, a.in_place ? " in place" : "", chosen, sel->source, sel->predicted_us,
                 sel->runner_up.empty() ? "" : fmt::format(", runner-up {} {:.1f} us", sel->runner_up, sel->runner_up_us));
     }
   }
