@@ -19,7 +19,9 @@
 # every table also shows the copy bound: the busbw at which the cores would do
 # nothing but the copies and reductions the collective cannot avoid, at the
 # memcpy, reduce and cross-process copy rates mem_bench measured in the same
-# run; and whether the perf issue's target ratio lies above it.
+# run, cycling through as much memory as the collective touches per call
+# (mem_bench --footprints); and whether the perf issue's target ratio lies
+# above it.
 # Raw CSV, a markdown summary and a plot land in --out (default
 # build/compare-<date>). A missing peer is reported and skipped.
 # --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead
@@ -164,8 +166,20 @@ for n in $RANKS; do
 done
 done  # rounds
 
-echo "compare.sh: memory reference (mem_bench)" >&2
-"$BIN/mem_bench" --sizes "$SMALL,$LARGE" > "$OUT/mem.csv" 2>> "$LOG" || echo "compare.sh: mem_bench failed" >&2
+# Rates again at each collective's footprint: the send and receive buffers
+# of all its ranks, in units of the size (allreduce 2n, reduce_scatter and
+# all_gather n+1, broadcast in place n), cycled through as the collective
+# does: a 2-rank 64 MiB allreduce touches 256 MiB per call, which leaves the
+# caches where mem_bench's one 64 MiB buffer pair does not.
+FOOTPRINTS=0
+for n in $RANKS; do
+  for coll in $COLLS; do
+    case $coll in allreduce) f=$((2 * n)) ;; broadcast) f=$n ;; *) f=$((n + 1)) ;; esac
+    case ",$FOOTPRINTS," in *",$f,"*) ;; *) FOOTPRINTS="$FOOTPRINTS,$f" ;; esac
+  done
+done
+echo "compare.sh: memory reference (mem_bench, footprints $FOOTPRINTS)" >&2
+"$BIN/mem_bench" --sizes "$SMALL,$LARGE" --footprints "$FOOTPRINTS" > "$OUT/mem.csv" 2>> "$LOG" || echo "compare.sh: mem_bench failed" >&2
 fi  # measuring
 
 python3 - "$RAW" "$OUT/mem.csv" "$OUT" <<'PY' | tee -a "$OUT/summary.md"
@@ -182,26 +196,39 @@ for r in csv.DictReader(open(raw)):
     # preferring ones that verified; by time (busbw is rounded at small sizes).
     if prev is None or (not wrong, -t) > (not prev[2], -prev[0]):
         data[key][impl] = (t, bw, wrong)
-mem = {}
+mem = {}      # size -> rates with one buffer set (footprint 0): the model and the reference table
+mem_fp = {}   # (size, footprint achieved) -> rates cycling through that much memory
 try:
     for r in csv.DictReader(open(memf)):
         x = float(r["xcopy_gbps"]) if r.get("xcopy_gbps") not in (None, "", "nan") else 0.0
-        mem[int(r["size"])] = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]), x)
+        rates = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]), x)
+        fp = float(r.get("footprint") or 0)  # files from before the column: one set
+        if fp == 0: mem[int(r["size"])] = rates
+        else: mem_fp[(int(r["size"]), fp)] = rates
 except OSError:
     pass
+def footprint(c, n):
+    """Bytes a call touches, in units of its size: every rank's send and receive buffers."""
+    return {"allreduce": 2 * n, "broadcast": n}.get(c, n + 1)
+def rates_for(c, n, s):
+    """mem_bench's rates at the collective's footprint: the largest one measured
+    up to it (mem_bench caps its pools), else with one buffer set."""
+    fps = [fp for (ss, fp) in mem_fp if ss == s and fp <= footprint(c, n) + 1e-9]
+    return mem_fp[(s, max(fps))] if fps else mem.get(s)
 import os
 cores = os.cpu_count() or 1
 def copy_bound(c, n, s):
     """busbw (GB/s) no implementation can beat on these cores: the sum over
     ranks of the copies and reductions the collective cannot avoid, at the
-    rates mem_bench measured for this size (on s/2 bytes), spread over
+    rates mem_bench measured for this size (on s/2 bytes) while cycling
+    through the collective's footprint (rates_for), spread over
     min(n, cores) cores. A byte bound for another rank's private buffer
     crosses once (process_vm_readv, rate X) or twice through shared memory
     (2 memcpys, M); a byte to be reduced crosses once into memory the reducer
     reads (X, or the sender's memcpy into shared memory, M) and is then
     reduced; a k-input reduction is priced (k+1)/3 two-input passes (it must
     read k inputs and write 1, a two-input pass reads 2 and writes 1)."""
-    m = mem.get(s)
+    m = rates_for(c, n, s)
     if not m or m[3] <= 0: return None
     M, R, X = m[0], m[1], m[3]
     xs, xr = max(X, M / 2), max(X, M)   # per stored / per reduced crossing byte
@@ -279,7 +306,16 @@ if mem:
         print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} | {x} |")
     print("\nRates of a row of size S are measured on S/2 bytes (what each rank of a 2-rank collective moves).")
     print("copy bound: the busbw at which min(ranks, cores) cores would do only the copies and reductions the")
-    print("collective cannot avoid, at these rates. target/bound > 1: the issue's target lies above that bound.")
+    print("collective cannot avoid, at these rates measured again while cycling through the memory the collective")
+    print("touches per call (every rank's send and receive buffers: allreduce 2n x size, reduce_scatter and")
+    print("all_gather n+1, broadcast n). target/bound > 1: the issue's target lies above that bound.")
+    if mem_fp:
+        print("\n### memory reference at the collectives' footprints\n")
+        print("| size | footprint (x size) | memcpy GB/s | reduce2 GB/s | cross-process copy GB/s |")
+        print("|---|---|---|---|---|")
+        for (sz, fp) in sorted(mem_fp):
+            r = mem_fp[(sz, fp)]
+            print(f"| {human(sz)} | {fp:g} | {r[0]:.2f} | {r[1]:.2f} | {r[3]:.2f} |")
 # Plot data: 2-rank allreduce busbw per library and the model.
 with open(f"{out}/allreduce_2.dat", "w") as f:
     f.write("# size " + " ".join(impls) + " model copy_bound\n")

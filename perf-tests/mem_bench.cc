@@ -18,10 +18,23 @@
 // the other columns, a row of size S measures S/2 bytes: what each rank of a
 // 2-rank collective moves.
 //
-// Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS]
-// Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps
+// Footprint: a collective touches more memory per call than one copy does
+// (a 2-rank out-of-place allreduce of S bytes: a send and a receive buffer of
+// S in each process, 4 S in all), and the rates fall once that leaves the
+// caches (here memcpy on 32 MiB: 11.2 GB/s reusing one buffer pair, 5.6 GB/s
+// cycling through 4 pairs). --footprints F1,F2,... measures every size again
+// for each factor F > 0, cycling each kind's calls through as many buffer
+// sets as it takes to touch at least F x S bytes before a buffer comes round
+// again (memcpy: S per set, reduce: 1.5 S, xcopy: 2 S over both processes);
+// F = 0 (the default) reuses one set. Each array stays within kPoolCap bytes
+// (fewer sets beyond that); the footprint column says what was achieved.
+//
+// Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS] [--footprints 0,4]
+// Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint
 // (decimal GB/s of bytes written; best of 5 batches of >= min-time each;
-// xcopy is "nan" where process_vm_readv is not permitted).
+// xcopy is "nan" where process_vm_readv is not permitted; footprint: the
+// factor achieved, in units of the row's size, the smallest of the three
+// kinds; 0 = one buffer set).
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -47,8 +60,10 @@ using Clock = std::chrono::steady_clock;
 
 // Seconds per call of fn, best of 5 batches of at least min_time;
 // before_batch runs ahead of each batch (untimed).
+// fn(k) runs call number k of the batch; a batch makes at least min_reps
+// calls (a full cycle through the buffer sets).
 template <typename Fn, typename Before = void (*)()>
-double best_seconds(Fn fn, double min_time, Before before_batch = [] {}) {
+double best_seconds(Fn fn, double min_time, Before before_batch = [] {}, long min_reps = 1) {
   double best = 1e30;
   for (int b = 0; b < 5; ++b) {
     before_batch();
@@ -56,10 +71,10 @@ double best_seconds(Fn fn, double min_time, Before before_batch = [] {}) {
     auto t0 = Clock::now();
     double el = 0;
     do {
-      fn();
+      fn(reps);
       ++reps;
       el = std::chrono::duration<double>(Clock::now() - t0).count();
-    } while (el < min_time);
+    } while (el < min_time || reps < min_reps);
     best = std::min(best, el / static_cast<double>(reps));
   }
   return best;
@@ -84,6 +99,7 @@ struct XCtl {
   std::atomic<int> sense{0};
   std::atomic<int> quit{0};
   size_t bytes = 0;
+  int sets = 1;  // buffer sets each process cycles through (footprint)
   double min_time = 0;
   double seconds[2] = {0, 0};  // per process, best batch, seconds per copy
   int failed[2] = {0, 0};
@@ -100,18 +116,20 @@ void barrier(XCtl* c, int* local_sense) {
 }
 
 // One round, in both processes: read n bytes of the peer's `src` (the same
-// address in both: fork) into our `dst`; each batch of best_seconds starts
-// together on both sides. After a failure the batches still pass the
-// barrier, copying nothing.
+// address in both: fork) into our `dst`, call k from set k mod sets (sets
+// lie n bytes apart); each batch of best_seconds starts together on both
+// sides. After a failure the batches still pass the barrier, copying nothing.
 void xcopy_round(XCtl* c, int me, pid_t peer, std::byte* src, std::byte* dst, size_t n, int* sense) {
-  std::memset(src, me + 1, n);  // our own pages, written after the fork
+  const int sets = c->sets;
+  std::memset(src, me + 1, n * static_cast<size_t>(sets));  // our own pages, written after the fork
   c->seconds[me] = best_seconds(
-      [&] {
+      [&](long k) {
         if (c->failed[me]) return;
-        iovec here{dst, n}, there{src, n};
+        const size_t o = static_cast<size_t>(k % sets) * n;
+        iovec here{dst + o, n}, there{src + o, n};
         if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
       },
-      c->min_time, [&] { barrier(c, sense); });
+      c->min_time, [&] { barrier(c, sense); }, sets);
   barrier(c, sense);  // both results are in
 }
 
@@ -127,8 +145,21 @@ void xcopy_child(XCtl* c, std::byte* src, std::byte* dst) {
 
 }  // namespace
 
+// Bytes one buffer array may take (sets x half); beyond it, fewer sets.
+constexpr size_t kPoolCap = size_t{1} << 30;
+
+// Buffer sets of `per_set` bytes needed to touch factor x size bytes, within
+// the pool cap for arrays of `half` bytes per set; factor 0: one set.
+long sets_for(double factor, size_t size, size_t per_set, size_t half) {
+  if (factor <= 0) return 1;
+  long want = static_cast<long>(std::ceil(factor * static_cast<double>(size) / static_cast<double>(per_set)));
+  long cap = static_cast<long>(kPoolCap / std::max<size_t>(half, 1));
+  return std::clamp(want, 1L, std::max(cap, 1L));
+}
+
 int main(int argc, char** argv) {
   std::vector<size_t> sizes = {8, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};
+  std::vector<double> footprints = {0};
   double min_time = 0.02;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -139,21 +170,45 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--min-time" && i + 1 < argc) {
       min_time = atof(argv[++i]);
+    } else if (a == "--footprints" && i + 1 < argc) {
+      footprints.clear();
+      std::string list = argv[++i];
+      for (size_t pos = 0; pos <= list.size();) {
+        size_t comma = std::min(list.find(',', pos), list.size());
+        char* end = nullptr;
+        std::string item = list.substr(pos, comma - pos);
+        double f = std::strtod(item.c_str(), &end);
+        if (item.empty() || *end != '\0' || !(f >= 0) || f > 1024) {
+          fprintf(stderr, "mem_bench: bad footprint list '%s' (factors 0-1024, comma separated)\n", list.c_str());
+          return 2;
+        }
+        footprints.push_back(f);
+        pos = comma + 1;
+      }
     } else {
-      fprintf(stderr, "usage: mem_bench [--sizes 8,4K,1M,...] [--min-time SECONDS]\n");
+      fprintf(stderr, "usage: mem_bench [--sizes 8,4K,1M,...] [--min-time SECONDS] [--footprints 0,4,...]\n");
       return a == "-h" || a == "--help" ? 0 : 2;
     }
   }
-  size_t largest = *std::max_element(sizes.begin(), sizes.end());
-  size_t half_max = std::max<size_t>(largest / 2, 4);
-  std::byte* a = touched(half_max);
-  std::byte* b = touched(half_max);
-  std::byte* dst = touched(half_max);
+  // Arrays of the largest half times the most sets any row asks for.
+  size_t half_max = 4, copy_pool = 4, red_pool = 4, x_pool = 4;
+  for (size_t s : sizes) {
+    const size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
+    half_max = std::max(half_max, half);
+    for (double f : footprints) {
+      copy_pool = std::max(copy_pool, half * static_cast<size_t>(sets_for(f, s, 2 * half, half)));
+      red_pool = std::max(red_pool, half * static_cast<size_t>(sets_for(f, s, 3 * half, half)));
+      x_pool = std::max(x_pool, half * static_cast<size_t>(sets_for(f, s, 4 * half, half)));
+    }
+  }
+  std::byte* a = touched(std::max(copy_pool, red_pool));
+  std::byte* b = touched(red_pool);
+  std::byte* dst = touched(std::max(copy_pool, red_pool));
   // The cross-process copy: a child shares the control block; both keep
-  // buffers of the largest half (the child's are its own copy-on-write
-  // pages, rewritten before each round).
-  std::byte* xsrc = touched(half_max);
-  std::byte* xdst = touched(half_max);
+  // buffers of the largest half times its sets (the child's are its own
+  // copy-on-write pages, rewritten before each round).
+  std::byte* xsrc = touched(x_pool);
+  std::byte* xdst = touched(x_pool);
   auto* ctl = static_cast<XCtl*>(mmap(nullptr, sizeof(XCtl), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   pid_t child = -1;
   if (ctl != MAP_FAILED) {
@@ -169,30 +224,46 @@ int main(int argc, char** argv) {
     if (child > 0) prctl(PR_SET_PTRACER, child, 0, 0, 0);
   }
   int xsense = 0;
-  auto xcopy_gbps = [&](size_t n) {
+  auto xcopy_gbps = [&](size_t n, long sets) {
     if (child <= 0) return std::nan("");
     ctl->bytes = n;
+    ctl->sets = static_cast<int>(sets);
     barrier(ctl, &xsense);
     xcopy_round(ctl, 0, child, xsrc, xdst, n, &xsense);
     if (ctl->failed[0] || ctl->failed[1]) return std::nan("");
     return static_cast<double>(n) / std::max(ctl->seconds[0], ctl->seconds[1]) / 1e9;
   };
-  printf("size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n");
-  for (size_t s : sizes) {
-    // Half of the vector, in whole floats (at least one).
-    size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
-    double t_copy = best_seconds([&] { std::memcpy(dst, a, half); asm volatile("" ::: "memory"); }, min_time);
-    double t_red = best_seconds(
-        [&] {
-          loom::kernels::reduce2(dst, a, b, half / 4, loom::DataType::kFloat32, loom::RedOp::kSum);
-          asm volatile("" ::: "memory");
-        },
-        min_time);
-    double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
-    double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
-    const double x = xcopy_gbps(half);  // the same half, like the other columns
-    printf("%zu,%.3f,%.3f,%.3f,%.3f\n", s, copy_gbps, red_gbps, model, x);
-    fflush(stdout);
+  printf("size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint\n");
+  for (double f : footprints) {
+    for (size_t s : sizes) {
+      // Half of the vector, in whole floats (at least one).
+      const size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
+      const long cs = sets_for(f, s, 2 * half, half), rs = sets_for(f, s, 3 * half, half),
+                 xs = sets_for(f, s, 4 * half, half);
+      auto at = [&](std::byte* base, long k, long sets) { return base + static_cast<size_t>(k % sets) * half; };
+      double t_copy = best_seconds(
+          [&](long k) {
+            std::memcpy(at(dst, k, cs), at(a, k, cs), half);
+            asm volatile("" ::: "memory");
+          },
+          min_time, [] {}, cs);
+      double t_red = best_seconds(
+          [&](long k) {
+            loom::kernels::reduce2(at(dst, k, rs), at(a, k, rs), at(b, k, rs), half / 4, loom::DataType::kFloat32,
+                                   loom::RedOp::kSum);
+            asm volatile("" ::: "memory");
+          },
+          min_time, [] {}, rs);
+      double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
+      double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
+      const double x = xcopy_gbps(half, xs);  // the same half, like the other columns
+      // Achieved: the smallest factor of the three kinds (0 with one set each).
+      const double got = f <= 0 ? 0.0
+                                : std::min({static_cast<double>(cs) * 2 * half, static_cast<double>(rs) * 3 * half,
+                                            static_cast<double>(xs) * 4 * half}) / static_cast<double>(s);
+      printf("%zu,%.3f,%.3f,%.3f,%.3f,%.3g\n", s, copy_gbps, red_gbps, model, x, got);
+      fflush(stdout);
+    }
   }
   if (child > 0) {
     ctl->quit.store(1);

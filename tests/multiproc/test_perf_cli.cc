@@ -199,19 +199,28 @@ TEST_F(PerfCli, BadArgumentsAreRejected) {
 // would print inf or 0; a refused process_vm_readv prints nan.
 TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   ASSERT_TRUE(have("mem_bench"));
-  Outcome r = run(bin_dir() + "/mem_bench --sizes 64K,1M --min-time 0.002");
+  // Footprint 0: one buffer set; 4: cycling through sets that touch 4 x the
+  // row's size (1 MiB: memcpy 4 sets of 1 MiB, reduce 3 of 1.5 MiB, xcopy 2
+  // of 2 MiB over both processes; the smallest is exactly 4).
+  Outcome r = run(bin_dir() + "/mem_bench --sizes 64K,1M --min-time 0.002 --footprints 0,4");
   ASSERT_EQ(r.rc, 0) << r.out;
   auto ls = lines(r.out);
-  ASSERT_EQ(ls.size(), 3u) << r.out;
-  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps");
+  ASSERT_EQ(ls.size(), 5u) << r.out;
+  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint");
+  const char* want_fp[] = {"", "0", "0", "4", "4"};
   for (size_t i = 1; i < ls.size(); ++i) {
     auto f = fields(ls[i], ',');
-    ASSERT_EQ(f.size(), 5u) << ls[i];
+    ASSERT_EQ(f.size(), 6u) << ls[i];
     EXPECT_GT(std::stod(f[1]), 0.1) << ls[i];
+    EXPECT_GT(std::stod(f[2]), 0.1) << ls[i];
+    EXPECT_EQ(f[5], want_fp[i]) << ls[i];
     if (f[4] == "nan") GTEST_SKIP() << "process_vm_readv is not permitted here (Yama/seccomp): " << ls[i];
     const double x = std::stod(f[4]);
     EXPECT_TRUE(std::isfinite(x) && x > 0.05 && x < 1000) << ls[i];
   }
+  Outcome bad = run(bin_dir() + "/mem_bench --sizes 64K --footprints 4,x");
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("bad footprint list"), std::string::npos) << bad.out;
 }
 
 // compare.sh --summarize prices the copy bound from mem.csv's rates. Here
@@ -259,6 +268,43 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   snprintf(want, sizeof want, "%.2f", 0.75 * static_cast<double>(std::min(4L, cores)) / (3.0 / 20 + 1.0 / 40));
   EXPECT_EQ(ag4[4], want);
   EXPECT_EQ(ag4[6], "2x = 3.00");
+  EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
+}
+
+// The copy bound uses the rates mem_bench measured at the collective's
+// footprint (every rank's send + receive buffers, in units of the size):
+// 2-rank allreduce 4, 2-rank all_gather 3. Rates by hand, 64 MiB:
+//   one set (footprint 0): M = 10, R = 5, X = 8 -> allreduce 4.71 (as above);
+//   footprint 3: M = 6, R = 3, X = 3 -> all_gather 1 / (1/max(3, 6/2) + 1/6) = 2.00;
+//   footprint 4: M = 5, R = 2.5, X = 4 -> allreduce 2 / (1/5 + 1/2.5 + 1/4) = 2.35.
+// A size measured only with one set (16 MiB) keeps those rates.
+TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
+  char dir[] = "/tmp/loom_compare_fp_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  {
+    std::ofstream raw(std::string(dir) + "/raw.csv");
+    raw << "impl,coll,nranks,size,time_us,busbw,wrong\n"
+        << "loom,allreduce,2,67108864,30000,2.2,0\nompi,allreduce,2,67108864,60000,1.1,0\n"
+        << "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
+        << "loom,all_gather,2,67108864,30000,1.0,0\nompi,all_gather,2,67108864,40000,0.8,0\n";
+    std::ofstream mem(std::string(dir) + "/mem.csv");
+    mem << "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint\n"
+        << "16777216,10,5,6.67,8,0\n67108864,10,5,6.67,8,0\n"
+        << "67108864,6,3,4,3,3\n67108864,5,2.5,3.33,4,4\n";
+  }
+  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto ar64 = summary_row(r.out, "allreduce, 2 ranks", "64 MiB");
+  ASSERT_EQ(ar64.size(), 10u) << r.out;
+  EXPECT_EQ(ar64[6], "2.35");
+  EXPECT_EQ(ar64[9], "0.94");  // 2x 1.1 = 2.2 against 2.35
+  auto ar16 = summary_row(r.out, "allreduce, 2 ranks", "16 MiB");
+  ASSERT_EQ(ar16.size(), 10u) << r.out;
+  EXPECT_EQ(ar16[6], "4.71");
+  auto ag64 = summary_row(r.out, "all_gather, 2 ranks", "64 MiB");
+  ASSERT_EQ(ag64.size(), 8u) << r.out;
+  EXPECT_EQ(ag64[4], "2.00");
+  EXPECT_NE(r.out.find("memory reference at the collectives' footprints"), std::string::npos) << r.out;
   EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
 }
 
