@@ -166,15 +166,19 @@ for n in $RANKS; do
 done
 done  # rounds
 
-# Rates again at each collective's footprint: the send and receive buffers
-# of all its ranks, in units of the size (allreduce 2n, reduce_scatter and
-# all_gather n+1, broadcast in place n), cycled through as the collective
-# does: a 2-rank 64 MiB allreduce touches 256 MiB per call, which leaves the
-# caches where mem_bench's one 64 MiB buffer pair does not.
+# Rates again at each collective's footprint per core: the send and receive
+# buffers of all its ranks, in units of the size (allreduce 2n, reduce_scatter
+# and all_gather n+1, broadcast in place n), over min(n, cores) cores, cycled
+# through as the collective does: a 2-rank 64 MiB allreduce touches 128 MiB
+# per core and call, which leaves the caches where mem_bench's one 32 MiB
+# buffer pair does not. Below 2 mem_bench would measure one set anyway.
 FOOTPRINTS=0
 for n in $RANKS; do
   for coll in $COLLS; do
-    case $coll in allreduce) f=$((2 * n)) ;; broadcast) f=$n ;; *) f=$((n + 1)) ;; esac
+    case $coll in allreduce) t=$((2 * n)) ;; broadcast) t=$n ;; *) t=$((n + 1)) ;; esac
+    c=$(( n < $(nproc) ? n : $(nproc) ))
+    f=$(awk -v t=$t -v c=$c 'BEGIN { printf "%g", t / c }')
+    awk -v f="$f" 'BEGIN { exit !(f >= 2) }' || continue
     case ",$FOOTPRINTS," in *",$f,"*) ;; *) FOOTPRINTS="$FOOTPRINTS,$f" ;; esac
   done
 done
@@ -197,7 +201,7 @@ for r in csv.DictReader(open(raw)):
     if prev is None or (not wrong, -t) > (not prev[2], -prev[0]):
         data[key][impl] = (t, bw, wrong)
 mem = {}      # size -> rates with one buffer set (footprint 0): the model and the reference table
-mem_fp = {}   # (size, footprint achieved) -> rates cycling through that much memory
+mem_fp = {}   # (size, footprint per core) -> rates cycling through that much memory
 try:
     for r in csv.DictReader(open(memf)):
         x = float(r["xcopy_gbps"]) if r.get("xcopy_gbps") not in (None, "", "nan") else 0.0
@@ -208,13 +212,15 @@ try:
 except OSError:
     pass
 def footprint(c, n):
-    """Bytes a call touches, in units of its size: every rank's send and receive buffers."""
-    return {"allreduce": 2 * n, "broadcast": n}.get(c, n + 1)
+    """Bytes a call touches per core, in units of its size: every rank's send
+    and receive buffers over min(n, cores) cores (the same formula as above)."""
+    return {"allreduce": 2 * n, "broadcast": n}.get(c, n + 1) / min(n, cores)
 def rates_for(c, n, s):
-    """mem_bench's rates at the collective's footprint: the largest one measured
-    up to it (mem_bench caps its pools), else with one buffer set."""
-    fps = [fp for (ss, fp) in mem_fp if ss == s and fp <= footprint(c, n) + 1e-9]
-    return mem_fp[(s, max(fps))] if fps else mem.get(s)
+    """mem_bench's rates at the collective's footprint, else with one buffer set
+    (below a footprint of 2, or a mem.csv without that row)."""
+    f = footprint(c, n)
+    fps = [fp for (ss, fp) in mem_fp if ss == s and abs(fp - f) < 1e-6 * max(f, 1)]
+    return mem_fp[(s, fps[0])] if fps else mem.get(s)
 import os
 cores = os.cpu_count() or 1
 def copy_bound(c, n, s):
@@ -307,11 +313,12 @@ if mem:
     print("\nRates of a row of size S are measured on S/2 bytes (what each rank of a 2-rank collective moves).")
     print("copy bound: the busbw at which min(ranks, cores) cores would do only the copies and reductions the")
     print("collective cannot avoid, at these rates measured again while cycling through the memory the collective")
-    print("touches per call (every rank's send and receive buffers: allreduce 2n x size, reduce_scatter and")
-    print("all_gather n+1, broadcast n). target/bound > 1: the issue's target lies above that bound.")
+    print("touches per call and core (every rank's send and receive buffers: allreduce 2n x size, reduce_scatter")
+    print("and all_gather n+1, broadcast n, over min(n, cores) cores; one buffer set below 2).")
+    print("target/bound > 1: the issue's target lies above that bound.")
     if mem_fp:
         print("\n### memory reference at the collectives' footprints\n")
-        print("| size | footprint (x size) | memcpy GB/s | reduce2 GB/s | cross-process copy GB/s |")
+        print("| size | footprint per core (x size) | memcpy GB/s | reduce2 GB/s | cross-process copy GB/s |")
         print("|---|---|---|---|---|")
         for (sz, fp) in sorted(mem_fp):
             r = mem_fp[(sz, fp)]

@@ -20,21 +20,21 @@
 //
 // Footprint: a collective touches more memory per call than one copy does
 // (a 2-rank out-of-place allreduce of S bytes: a send and a receive buffer of
-// S in each process, 4 S in all), and the rates fall once that leaves the
-// caches (here memcpy on 32 MiB: 11.2 GB/s reusing one buffer pair, 5.6 GB/s
-// cycling through 4 pairs). --footprints F1,F2,... measures every size again
-// for each factor F > 0, cycling each kind's calls through as many buffer
-// sets as it takes to touch at least F x S bytes before a buffer comes round
-// again (memcpy: S per set, reduce: 1.5 S, xcopy: 2 S over both processes);
+// S in each process, 2 S per core), and the rates fall once that leaves a
+// cache (here memcpy of 32 MiB: 12.3 GB/s reusing one buffer pair, 6.4 GB/s
+// cycling through two, the 2 S per core of a 64 MiB allreduce). --footprints F1,F2,... measures every size again for
+// each factor F > 0: each kind's calls cycle through as many buffer sets as
+// fit in F x S bytes per core (memcpy S per set, reduce 1.5 S, xcopy S in
+// each of its two processes), at least one; never more than F x S, so the
+// rates are not taken from a larger working set than the one asked for.
 // F = 0 (the default) reuses one set. Each array stays within kPoolCap bytes
-// (fewer sets beyond that); the footprint column says what was achieved.
+// (fewer sets beyond that).
 //
 // Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS] [--footprints 0,4]
 // Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint
 // (decimal GB/s of bytes written; best of 5 batches of >= min-time each;
 // xcopy is "nan" where process_vm_readv is not permitted; footprint: the
-// factor achieved, in units of the row's size, the smallest of the three
-// kinds; 0 = one buffer set).
+// factor F of the row, 0 = one buffer set).
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -148,11 +148,11 @@ void xcopy_child(XCtl* c, std::byte* src, std::byte* dst) {
 // Bytes one buffer array may take (sets x half); beyond it, fewer sets.
 constexpr size_t kPoolCap = size_t{1} << 30;
 
-// Buffer sets of `per_set` bytes needed to touch factor x size bytes, within
-// the pool cap for arrays of `half` bytes per set; factor 0: one set.
+// Buffer sets of `per_set` bytes that fit in factor x size bytes (at least
+// one), within the pool cap for arrays of `half` bytes per set; factor 0: one.
 long sets_for(double factor, size_t size, size_t per_set, size_t half) {
   if (factor <= 0) return 1;
-  long want = static_cast<long>(std::ceil(factor * static_cast<double>(size) / static_cast<double>(per_set)));
+  long want = static_cast<long>(std::floor(factor * static_cast<double>(size) / static_cast<double>(per_set) + 1e-9));
   long cap = static_cast<long>(kPoolCap / std::max<size_t>(half, 1));
   return std::clamp(want, 1L, std::max(cap, 1L));
 }
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     for (double f : footprints) {
       copy_pool = std::max(copy_pool, half * static_cast<size_t>(sets_for(f, s, 2 * half, half)));
       red_pool = std::max(red_pool, half * static_cast<size_t>(sets_for(f, s, 3 * half, half)));
-      x_pool = std::max(x_pool, half * static_cast<size_t>(sets_for(f, s, 4 * half, half)));
+      x_pool = std::max(x_pool, half * static_cast<size_t>(sets_for(f, s, 2 * half, half)));
     }
   }
   std::byte* a = touched(std::max(copy_pool, red_pool));
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
       // Half of the vector, in whole floats (at least one).
       const size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
       const long cs = sets_for(f, s, 2 * half, half), rs = sets_for(f, s, 3 * half, half),
-                 xs = sets_for(f, s, 4 * half, half);
+                 xs = sets_for(f, s, 2 * half, half);
       auto at = [&](std::byte* base, long k, long sets) { return base + static_cast<size_t>(k % sets) * half; };
       double t_copy = best_seconds(
           [&](long k) {
@@ -257,11 +257,7 @@ int main(int argc, char** argv) {
       double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
       double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
       const double x = xcopy_gbps(half, xs);  // the same half, like the other columns
-      // Achieved: the smallest factor of the three kinds (0 with one set each).
-      const double got = f <= 0 ? 0.0
-                                : std::min({static_cast<double>(cs) * 2 * half, static_cast<double>(rs) * 3 * half,
-                                            static_cast<double>(xs) * 4 * half}) / static_cast<double>(s);
-      printf("%zu,%.3f,%.3f,%.3f,%.3f,%.3g\n", s, copy_gbps, red_gbps, model, x, got);
+      printf("%zu,%.3f,%.3f,%.3f,%.3f,%g\n", s, copy_gbps, red_gbps, model, x, f);
       fflush(stdout);
     }
   }
