@@ -39,6 +39,10 @@ Shape shape_for(Bench b, size_t bytes, size_t es, int n) {
   return s;
 }
 
+void freshen_input(const Buffers& buf, const Shape& s, size_t elem_size, int iter) {
+  if (buf.send && s.send_count) std::memset(buf.send, 0x30 + (iter & 7), s.send_count * elem_size);
+}
+
 Buffers buffers_for(Bench b, std::byte* send, std::byte* recv, const Shape& s, size_t es, int r, bool in_place) {
   if (!in_place) return {send, recv};
   const size_t block = s.count * es * static_cast<size_t>(r);

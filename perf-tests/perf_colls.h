@@ -34,6 +34,12 @@ struct Buffers {
 Buffers buffers_for(Bench b, std::byte* send, std::byte* recv, const Shape& s, size_t elem_size, int rank,
                     bool in_place);
 
+// --fresh: rewrites the call's input (send_count elements at buf.send) before
+// call number `iter`, with a byte that changes every call and decodes to a
+// normal number in every floating type (0x30-0x37), so sums stay finite and
+// no denormal slows a reduction.
+void freshen_input(const Buffers& buf, const Shape& s, size_t elem_size, int iter);
+
 // State kept between calls of one sweep (hypercube's local copy must not
 // overwrite a block an earlier iteration is still sending).
 struct IssueState {

@@ -79,9 +79,14 @@ struct Context {
 };
 
 // Issues `iters` iterations of `agg` operations each and waits for the last.
-Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
+// --fresh (blocking only): the input is rewritten before every iteration and
+// *op_us gets the time of the operations alone.
+Status run_ops(Context& c, const Shape& s, bool in_place, int iters, double* op_us = nullptr) {
   const size_t es = dtype_size(c.o.dt);
   Buffers buf = buffers_for(c.bench, c.send, c.recv, s, es, c.comm.rank(), in_place);
+  const bool fresh = c.o.fresh && c.o.blocking;
+  std::chrono::steady_clock::time_point op_start;
+  if (op_us) *op_us = 0;
   Work last;
   // -z: every op is waited for at once, so this thread runs it (no engine hand-off).
   c.comm.set_caller_waits(c.o.blocking);
@@ -90,6 +95,10 @@ Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
     ~Reset() { comm.set_caller_waits(false); }
   } reset{c.comm};
   for (int i = 0; i < iters; ++i) {
+    if (fresh) {
+      freshen_input(buf, s, es, i);
+      op_start = std::chrono::steady_clock::now();
+    }
     if (c.o.agg > 1) c.comm.group_start();
     Status err;
     for (int a = 0; a < c.o.agg && err.is_ok(); ++a) {
@@ -106,6 +115,7 @@ Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
     if (c.o.blocking) {
       Status w = last.wait();
       if (!w.is_ok()) return w;
+      if (fresh && op_us) *op_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - op_start).count();
     }
   }
   return last.valid() ? last.wait() : Status::ok();
@@ -115,10 +125,12 @@ Status run_ops(Context& c, const Shape& s, bool in_place, int iters) {
 Result<double> time_ops(Context& c, const Shape& s, bool in_place, Control& ctl) {
   LOOM_RETURN_IF_ERROR(run_ops(c, s, in_place, 1));
   LOOM_RETURN_IF_ERROR(ctl.barrier());
+  double op_us = 0;
   auto t0 = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(run_ops(c, s, in_place, c.o.iters));
+  LOOM_RETURN_IF_ERROR(run_ops(c, s, in_place, c.o.iters, &op_us));
   auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(t1 - t0).count() / (double(c.o.iters) * c.o.agg);
+  const double us = c.o.fresh ? op_us : std::chrono::duration<double, std::micro>(t1 - t0).count();
+  return us / (double(c.o.iters) * c.o.agg);
 }
 
 // Verification runs: poison, fill closed-form inputs, run once, count.

@@ -91,6 +91,9 @@ void print_usage(FILE* out, const char* prog) {
           "      --oneway            sendrecv_perf: even ranks send to rank+1, odd ranks receive from\n"
           "                          rank-1 (one direction per pair, like a unidirectional iperf3);\n"
           "                          times are the slowest rank's unless -a is given\n"
+          "      --fresh             rewrite the send buffer before every operation, untimed, as a\n"
+          "                          training step does between calls (nccl-tests reuses one unchanged\n"
+          "                          input, which flatters single-copy transports); needs -z 1\n"
           "  -h, --help\n"
           "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
           prog);
@@ -113,7 +116,7 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway };
+enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway, kFresh };
 
 }  // namespace
 
@@ -149,6 +152,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
                                     {"plot", required_argument, nullptr, kPlot},
                                     {"progress", no_argument, nullptr, kProgress},
                                     {"oneway", no_argument, nullptr, kOneway},
+                                    {"fresh", no_argument, nullptr, kFresh},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
   const char* prog = argv[0];
@@ -223,6 +227,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         }
         o->oneway = true;
         break;
+      case kFresh: o->fresh = true; break;
       case 'h': print_usage(stdout, prog); return 0;
       default: print_usage(stderr, prog); return 2;
     }
@@ -236,6 +241,12 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
   if (o->oneway && !average_given) o->average = Average::kMax;
   if (o->sizes.empty() && o->max_bytes < o->min_bytes) {
     fprintf(stderr, "%s: invalid sizes: -b %zu > -e %zu\n", prog, o->min_bytes, o->max_bytes);
+    return 2;
+  }
+  if (o->fresh && !o->blocking) {
+    // Rewriting an input while earlier operations may still read it would
+    // race; with -z 1 each operation is over before the next rewrite.
+    fprintf(stderr, "%s: --fresh needs -z 1 (each operation waited for before the input is rewritten)\n", prog);
     return 2;
   }
   if (o->json_stdout && o->csv_stdout) {

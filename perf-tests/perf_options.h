@@ -4,7 +4,7 @@
 // meanings and defaults as nccl-tests; -t/-g/-p/-G/-C/-R/-y/-N are accepted
 // for scripts written for nccl-tests and ignored with a note, since a Loom
 // rank is a process). Loom flags: -A ALGO, --sizes LIST, --json[=FILE],
-// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway.
+// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway, --fresh.
 #pragma once
 
 #include <cstddef>
@@ -57,6 +57,13 @@ struct Options {
   // traffic of a unidirectional iperf3); by default every rank sends and
   // receives at once (nccl-tests' pattern).
   bool oneway = false;
+  // --fresh: the send buffer is rewritten before every timed operation, and
+  // only the operations are timed. The nccl-tests loop reuses one unchanged
+  // input, which a peer reading it in place (single copy) keeps in its own
+  // cache from the call before; a training step writes its gradients or
+  // activations anew between calls, so the peer reads lines another core
+  // has just written (2-3x dearer here at 16 KiB - 256 KiB). Needs -z 1.
+  bool fresh = false;
   std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
 };
 

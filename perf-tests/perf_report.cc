@@ -72,6 +72,7 @@ void Report::begin(const std::vector<std::string>& extra) {
            o.sizes.size(), o.warmup, o.iters, o.agg, o.check);
   }
   if (o.blocking) printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
+  if (o.fresh) printf("# Fresh inputs: the send buffer is rewritten before every operation (untimed)\n");
   for (const auto& n : o.notes) printf("# Note: %s\n", n.c_str());
   for (const auto& l : extra) printf("# %s\n", l.c_str());
   printf("#\n");
@@ -149,6 +150,7 @@ std::string Report::json_text(double wrong_total) const {
               {"agg_iters", o.agg},
               {"average", static_cast<int>(o.average)},
               {"blocking", o.blocking},
+              {"fresh", o.fresh},
               {"check", o.check},
               {"results", results},
               {"out_of_bounds", wrong_total},

@@ -181,6 +181,21 @@ TEST_F(PerfCli, OneWaySendRecv) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf --oneway").rc, 2);
 }
 
+// --fresh: inputs rewritten before every timed call (untimed); the header
+// says so, verification still passes, and without -z 1 it is refused.
+TEST_F(PerfCli, FreshInputs) {
+  for (const char* dt : {"float", "half"}) {
+    Outcome r = run(loomrun(2) + "all_reduce_perf -z 1 --fresh -b 16K -e 64K -f 4 -n 3 -w 1 -c 1 -d " + dt);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("# Fresh inputs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+    EXPECT_EQ(table_rows(r.out).size(), 2u) << r.out;
+  }
+  Outcome bad = run(loomrun(2) + "all_reduce_perf --fresh -b 8 -e 8");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("--fresh needs -z 1"), std::string::npos) << bad.out;
+}
+
 TEST_F(PerfCli, BadArgumentsAreRejected) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f 1").rc, 2);
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -a 7").rc, 2);
