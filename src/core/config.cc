@@ -29,8 +29,8 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
        "Single-copy threshold for messages the receiver only stores (all_gather, broadcast, all_to_all, send/recv, "
        "exchanges of recursive doubling and one-shot allreduce); 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
-       "set, else 16K when the host runs no more ranks than it has CPUs, else 256K (an oversubscribed sender "
-       "would wait for a descheduled reader)."},
+       "set, else 256K: below it, reading freshly written data from another process costs more than the FIFO's "
+       "two copies (16K suits inputs that never change between calls, as in nccl-tests' loop)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
@@ -206,12 +206,23 @@ uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES"))
     return env_bytes("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", kSingleCopyBytes);
   if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
-  // A plain receive saves a whole copy from here on (measured, 2 ranks: all_gather 64 KiB 4.4 -> 3.4 us,
-  // 256 KiB 16 -> 8 us); a reduced one only moves the sender's copy to the receiver, so it keeps the
-  // higher threshold. Oversubscribed, a sender waiting for its reader's acknowledgement waits for a
-  // core too (4 ranks on 2 cores: broadcast 64 KiB 10 -> 26 us at 16K).
-  if (oversubscribed(local_ranks)) return kSingleCopyBytes;
-  return 16ull << 10;
+  // 256K, with or without a CPU per rank. Single copy reads the sender's
+  // buffer where its owner last wrote it. Data written just before the call
+  // (gradients, activations, the previous op's result) sits dirty in the
+  // owner's cache, and process_vm_readv pulls it across 2-3x slower than a
+  // copy of lines it already holds (2 processes, 64 KiB: 10.4 us against
+  // 3.3), while the FIFO's two user-space copies cope better. Measured with
+  // inputs rewritten before every call (perf-tests --fresh), 2 ranks, 16K
+  // against 256K here: allreduce 32 KiB 11.2 -> 6.1 us, 128 KiB 24.5 -> 15.6;
+  // all_gather 32 KiB 6.4 -> 4.1, 128 KiB 14.2 -> 10.0; broadcast 128 KiB
+  // 21.0 -> 10.0; send/recv 16 KiB 5.6 -> 3.7; equal from 256 KiB.
+  // 16K measures faster only when the input never changes between calls, as
+  // in nccl-tests' loop (all_gather 128 KiB 5.7 against 10.4 us): the reader
+  // then keeps the lines in its own cache. LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=16K
+  // restores that for data that really is static. Oversubscribed, a sender
+  // waiting for its reader's acknowledgement waits for a core too (4 ranks
+  // on 2 cores: broadcast 64 KiB 10 -> 26 us at 16K).
+  return kSingleCopyBytes;
 }
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }

@@ -139,14 +139,15 @@ TEST(ShmPaths, OversubscribedRanksReadNoReducedMessageSingleCopy) {
   }
 }
 
-// The default thresholds. Stored messages: 16 KiB while the host's ranks
-// have a CPU each, else 256 KiB. Reduced messages: 256 KiB with a CPU per
-// rank, never when oversubscribed. An explicit LOOM_SHM_SINGLE_COPY_BYTES
+// The default thresholds. Stored messages: 256 KiB (regression: 16 KiB with
+// a CPU per rank made freshly written data 1.4-2.5x slower at 16-128 KiB,
+// perf-tests --fresh; see config.cc). Reduced messages: 256 KiB with a CPU
+// per rank, never when oversubscribed. An explicit LOOM_SHM_SINGLE_COPY_BYTES
 // sets both, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
 TEST(ShmPaths, SingleCopyThresholdDefaults) {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 16u << 10);
-  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus), 16u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 256u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(1), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(cpus), 256u << 10);
