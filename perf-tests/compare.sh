@@ -4,7 +4,7 @@
 #   perf-tests/compare.sh [--quick] [--build DIR] [--ranks "2 4 8"]
 #                         [--colls "allreduce reduce_scatter all_gather broadcast"]
 #                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
-#                         [--loom-nonblocking] [--rounds N]
+#                         [--loom-nonblocking] [--rounds N] [--fresh]
 #
 # For every collective and rank count (ranks beyond the cores are
 # oversubscribed) it runs the same size sweep with
@@ -29,6 +29,10 @@
 # Loom runs blocking (-z 1, nccl-tests' flag: each op is waited for before the
 # next is issued), as the peers' MPI_Allreduce & co and Gloo's run() return only
 # when done; --loom-nonblocking issues them back to back and waits for the last.
+# --fresh rewrites every input before each timed call (Loom's --fresh, mpi_bench
+# -f), as a training step does, and times the calls alone; nccl-tests' loop
+# reuses one unchanged input, which flatters single-copy reads. Gloo's
+# benchmark has no such mode and is left out then.
 # --rounds N runs the whole set N times, interleaved (round 1 of every library,
 # then round 2, ...), and keeps each library's best round per size: with ranks
 # oversubscribed one run of a small size moves 1.2-2x between runs, for the
@@ -47,6 +51,7 @@ LAUNCHER=loomrun
 SUMMARIZE=""
 LOOM_MODE=(-z 1)
 ROUNDS=1
+FRESH=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
     --summarize) SUMMARIZE="$2"; shift ;;
     --loom-nonblocking) LOOM_MODE=() ;;
     --rounds) ROUNDS="$2"; shift ;;
+    --fresh) FRESH=1 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -94,9 +100,17 @@ HAVE_OMPI=0; HAVE_MPICH=0; HAVE_GLOO=0
 [ -x "$BIN/mpi_bench" ] && command -v mpirun.openmpi >/dev/null && HAVE_OMPI=1
 [ -x "$BIN/mpi_bench_mpich" ] && command -v mpirun.mpich >/dev/null && HAVE_MPICH=1
 [ -x "$BIN/gloo_bench" ] && HAVE_GLOO=1
+MPI_FRESH=()
+if [ "$FRESH" = 1 ]; then
+  [ "${LOOM_MODE[*]}" = "-z 1" ] || { echo "compare.sh: --fresh needs blocking Loom runs (drop --loom-nonblocking)" >&2; exit 2; }
+  LOOM_MODE+=(--fresh)
+  MPI_FRESH=(-f)
+  HAVE_GLOO=0  # gloo_bench has no fresh-input mode
+fi
 echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
 echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept)" | tee -a "$OUT/summary.md"
 echo "# Loom launched by $LAUNCHER" | tee -a "$OUT/summary.md"
+[ "$FRESH" = 1 ] && echo "# fresh inputs: every input rewritten before each timed call (--fresh); Gloo left out" | tee -a "$OUT/summary.md"
 echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
   LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe -np)
@@ -149,11 +163,11 @@ for n in $RANKS; do
           --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -c $check --csv && take_loom "$coll"
       if [ $HAVE_OMPI = 1 ]; then
         run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
-            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" -l ompi && take_peer
+            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_FRESH[@]}" -l ompi && take_peer
       fi
       if [ $HAVE_MPICH = 1 ]; then
         run "mpich $coll n=$n $part" mpirun.mpich -np "$n" \
-            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" -l mpich && take_peer
+            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_FRESH[@]}" -l mpich && take_peer
       fi
       if [ $HAVE_GLOO = 1 ]; then
         store="$(mktemp -d)"

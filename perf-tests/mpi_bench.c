@@ -7,7 +7,10 @@
  * time averaged over ranks, one verification run per size after timing.
  *
  * usage: mpirun -np N mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast
- *            [-s 8,4K,1M] [-n iters] [-w warmup] [-l label]
+ *            [-s 8,4K,1M] [-n iters] [-w warmup] [-l label] [-f]
+ * -f: fresh inputs, as the *_perf binaries' --fresh: the input (the broadcast
+ * buffer at the root) is rewritten before every timed call, and only the
+ * calls are timed.
  * Output (rank 0): CSV impl,coll,nranks,size,count,time_us,algbw,busbw,wrong */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -54,12 +57,12 @@ int main(int argc, char** argv) {
   int n, rank;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int coll = -1, iters = 20, warmup = 5;
+  int coll = -1, iters = 20, warmup = 5, fresh = 0;
   const char* label = "mpi";
   const char* names[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast"};
   char sizes_arg[1024] = "8,4K,64K,1M,4M,16M,64M,256M";
   int opt;
-  while ((opt = getopt(argc, argv, "c:s:n:w:l:")) != -1) {
+  while ((opt = getopt(argc, argv, "c:s:n:w:l:f")) != -1) {
     switch (opt) {
       case 'c':
         for (int i = 0; i < 4; ++i)
@@ -69,11 +72,12 @@ int main(int argc, char** argv) {
       case 'n': iters = atoi(optarg); break;
       case 'w': warmup = atoi(optarg); break;
       case 'l': label = optarg; break;
+      case 'f': fresh = 1; break;
       default: coll = -2; break;
     }
   }
   if (coll < 0 || iters < 1 || warmup < 0) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast [-s LIST] [-n N] [-w N] [-l label]\n");
+    if (rank == 0) fprintf(stderr, "usage: mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast [-s LIST] [-n N] [-w N] [-l label] [-f]\n");
     MPI_Finalize();
     return 2;
   }
@@ -109,9 +113,21 @@ int main(int argc, char** argv) {
     if (count == 0) continue;  /* nothing to move at this size and rank count */
     for (int i = 0; i < warmup; ++i) run(coll, send, recv, count);
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = now_us();
-    for (int i = 0; i < iters; ++i) run(coll, send, recv, count);
-    double us = (now_us() - t0) / iters, sum = 0;
+    /* -f: the same bytes as freshen_input in perf_colls.cc (normal floats). */
+    float* in = coll == kBroadcast ? recv : send;
+    size_t in_bytes = (coll == kReduceScatter ? per * n : count) * sizeof(float);
+    double t0 = now_us(), fresh_us = 0;
+    for (int i = 0; i < iters; ++i) {
+      if (!fresh) {
+        run(coll, send, recv, count);
+        continue;
+      }
+      memset(in, 0x30 + (i & 7), in_bytes);
+      double start = now_us();
+      run(coll, send, recv, count);
+      fresh_us += now_us() - start;
+    }
+    double us = (fresh ? fresh_us : now_us() - t0) / iters, sum = 0;
     MPI_Allreduce(&us, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     us = sum / n;
     /* Verification: rank r contributes r+1 everywhere. */

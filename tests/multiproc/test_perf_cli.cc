@@ -327,6 +327,40 @@ TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
   EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
 }
 
+// mpi_bench, compare.sh's Open MPI side: the CSV row verifies, with and
+// without -f (fresh inputs, as --fresh), and a bad flag prints the usage.
+TEST_F(PerfCli, MpiBenchRunsWithFreshInputs) {
+  if (system("command -v mpirun.openmpi > /dev/null 2>&1") != 0) GTEST_SKIP() << "no Open MPI mpirun";
+  if (!have("mpi_bench")) GTEST_SKIP() << "mpi_bench not built (no MPI found by CMake)";
+  const std::string mpirun = "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 " + bin_dir() + "/mpi_bench ";
+  for (const char* extra : {"", " -f"}) {
+    for (const char* coll : {"allreduce", "broadcast"}) {
+      Outcome r = run(mpirun + "-c " + coll + " -s 4K,64K -n 3 -w 1" + extra);
+      ASSERT_EQ(r.rc, 0) << r.out;
+      auto ls = lines(r.out);
+      ASSERT_EQ(ls.size(), 3u) << r.out;
+      for (size_t i = 1; i < ls.size(); ++i) {
+        auto f = fields(ls[i], ',');
+        ASSERT_EQ(f.size(), 9u) << ls[i];
+        EXPECT_EQ(f[1], coll);
+        EXPECT_GT(std::stod(f[5]), 0.0) << ls[i];
+        EXPECT_EQ(f[8], "0") << ls[i];
+      }
+    }
+  }
+  EXPECT_NE(run(mpirun + "-c allreduce -x").rc, 0);
+}
+
+// compare.sh --fresh times blocking calls only (the rewrite would race with
+// calls still in flight): with --loom-nonblocking it refuses to start.
+TEST_F(PerfCli, CompareFreshNeedsBlockingLoomRuns) {
+  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --build " + bin_dir() +
+                  "/.. --fresh --loom-nonblocking --ranks 2 --colls allreduce --out " + testing::TempDir() +
+                  "loom_cmp_fresh");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--fresh needs blocking Loom runs"), std::string::npos) << r.out;
+}
+
 TEST_F(PerfCli, MpirunBootstrap) {
   if (system("command -v mpirun.openmpi > /dev/null 2>&1") != 0) GTEST_SKIP() << "no Open MPI mpirun";
   Outcome r = run("mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 " + bin_dir() +
