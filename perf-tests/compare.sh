@@ -185,14 +185,13 @@ done  # rounds
 # and all_gather n+1, broadcast in place n), over min(n, cores) cores, cycled
 # through as the collective does: a 2-rank 64 MiB allreduce touches 128 MiB
 # per core and call, which leaves the caches where mem_bench's one 32 MiB
-# buffer pair does not. Below 2 mem_bench would measure one set anyway.
+# buffer pair does not. These rows run on every core at once (mem_bench).
 FOOTPRINTS=0
 for n in $RANKS; do
   for coll in $COLLS; do
     case $coll in allreduce) t=$((2 * n)) ;; broadcast) t=$n ;; *) t=$((n + 1)) ;; esac
     c=$(( n < $(nproc) ? n : $(nproc) ))
     f=$(awk -v t=$t -v c=$c 'BEGIN { printf "%g", t / c }')
-    awk -v f="$f" 'BEGIN { exit !(f >= 2) }' || continue
     case ",$FOOTPRINTS," in *",$f,"*) ;; *) FOOTPRINTS="$FOOTPRINTS,$f" ;; esac
   done
 done
@@ -230,8 +229,8 @@ def footprint(c, n):
     and receive buffers over min(n, cores) cores (the same formula as above)."""
     return {"allreduce": 2 * n, "broadcast": n}.get(c, n + 1) / min(n, cores)
 def rates_for(c, n, s):
-    """mem_bench's rates at the collective's footprint, else with one buffer set
-    (below a footprint of 2, or a mem.csv without that row)."""
+    """mem_bench's rates at the collective's footprint (every core at once),
+    else with one buffer set on one core (a mem.csv without that row)."""
     f = footprint(c, n)
     fps = [fp for (ss, fp) in mem_fp if ss == s and abs(fp - f) < 1e-6 * max(f, 1)]
     return mem_fp[(s, fps[0])] if fps else mem.get(s)
@@ -328,11 +327,11 @@ if mem:
     print("copy bound: the busbw at which min(ranks, cores) cores would do only the copies and reductions the")
     print("collective cannot avoid, at these rates measured again while cycling through the memory the collective")
     print("touches per call and core (every rank's send and receive buffers: allreduce 2n x size, reduce_scatter")
-    print("and all_gather n+1, broadcast n, over min(n, cores) cores; one buffer set below 2).")
+    print("and all_gather n+1, broadcast n, over min(n, cores) cores), with every core copying at once.")
     print("target/bound > 1: the issue's target lies above that bound.")
     if mem_fp:
         print("\n### memory reference at the collectives' footprints\n")
-        print("| size | footprint per core (x size) | memcpy GB/s | reduce2 GB/s | cross-process copy GB/s |")
+        print("| size | footprint per core (x size) | memcpy GB/s (per core, all at once) | reduce2 GB/s (same) | cross-process copy GB/s |")
         print("|---|---|---|---|---|")
         for (sz, fp) in sorted(mem_fp):
             r = mem_fp[(sz, fp)]

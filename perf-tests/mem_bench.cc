@@ -27,8 +27,11 @@
 // fit in F x S bytes per core (memcpy S per set, reduce 1.5 S, xcopy S in
 // each of its two processes), at least one; never more than F x S, so the
 // rates are not taken from a larger working set than the one asked for.
-// F = 0 (the default) reuses one set. Each array stays within kPoolCap bytes
-// (fewer sets beyond that).
+// These rows run memcpy and reduce in two processes at once, each on its own
+// sets, as the cores of a collective work at once and share the last-level
+// cache and the memory bus (one core alone cycling 128 MiB still finds part
+// of it in the shared cache). F = 0 (the default) reuses one set on one
+// core. Each array stays within kPoolCap bytes (fewer sets beyond that).
 //
 // Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS] [--footprints 0,4]
 // Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint
@@ -94,10 +97,13 @@ std::byte* touched(size_t bytes) {
 // Two processes (this one and a forked child) that copy from each other's
 // memory at the same moment. Shared control block: a sense-reversing barrier
 // and the sizes/results of each round.
+enum Kind { kXcopy, kMemcpy, kReduce };
+
 struct XCtl {
   std::atomic<int> arrived{0};
   std::atomic<int> sense{0};
   std::atomic<int> quit{0};
+  int kind = kXcopy;  // what the round measures, in both processes at once
   size_t bytes = 0;
   int sets = 1;  // buffer sets each process cycles through (footprint)
   double min_time = 0;
@@ -115,31 +121,51 @@ void barrier(XCtl* c, int* local_sense) {
   }
 }
 
-// One round, in both processes: read n bytes of the peer's `src` (the same
-// address in both: fork) into our `dst`, call k from set k mod sets (sets
-// lie n bytes apart); each batch of best_seconds starts together on both
-// sides. After a failure the batches still pass the barrier, copying nothing.
-void xcopy_round(XCtl* c, int me, pid_t peer, std::byte* src, std::byte* dst, size_t n, int* sense) {
+// The buffers of one process (the same addresses in both: fork; each
+// process's own pages once written).
+struct Bufs {
+  std::byte *a, *b, *dst;  // memcpy dst <- a; reduce dst <- a + b
+  std::byte *xsrc, *xdst;  // xcopy: the peer reads our xsrc into its xdst
+};
+
+// One round, in both processes at once, call k on set k mod sets (sets lie n
+// bytes apart); each batch of best_seconds starts together on both sides.
+// kXcopy: read n bytes of the peer's xsrc into our xdst (after a failure the
+// batches still pass the barrier, copying nothing); kMemcpy / kReduce: each
+// process on its own buffers, so every core works at once, as in a
+// collective, and shares the caches and memory as it does.
+void round(XCtl* c, int me, pid_t peer, const Bufs& m, int* sense) {
   const int sets = c->sets;
-  std::memset(src, me + 1, n * static_cast<size_t>(sets));  // our own pages, written after the fork
+  const size_t n = c->bytes;
+  auto at = [&](std::byte* base, long k) { return base + static_cast<size_t>(k % sets) * n; };
+  if (c->kind == kXcopy) std::memset(m.xsrc, me + 1, n * static_cast<size_t>(sets));  // written after the fork
   c->seconds[me] = best_seconds(
       [&](long k) {
-        if (c->failed[me]) return;
-        const size_t o = static_cast<size_t>(k % sets) * n;
-        iovec here{dst + o, n}, there{src + o, n};
-        if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
+        switch (c->kind) {
+          case kXcopy: {
+            if (c->failed[me]) return;
+            iovec here{at(m.xdst, k), n}, there{at(m.xsrc, k), n};
+            if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
+            break;
+          }
+          case kMemcpy: std::memcpy(at(m.dst, k), at(m.a, k), n); break;
+          default:
+            loom::kernels::reduce2(at(m.dst, k), at(m.a, k), at(m.b, k), n / 4, loom::DataType::kFloat32,
+                                   loom::RedOp::kSum);
+        }
+        asm volatile("" ::: "memory");
       },
       c->min_time, [&] { barrier(c, sense); }, sets);
   barrier(c, sense);  // both results are in
 }
 
 // The child: rounds until told to quit.
-void xcopy_child(XCtl* c, std::byte* src, std::byte* dst) {
+void child_main(XCtl* c, const Bufs& m) {
   int sense = 0;
   for (;;) {
     barrier(c, &sense);  // a round (or quit) was posted
     if (c->quit.load()) return;
-    xcopy_round(c, 1, getppid(), src, dst, c->bytes, &sense);
+    round(c, 1, getppid(), m, &sense);
   }
 }
 
@@ -216,7 +242,7 @@ int main(int argc, char** argv) {
     ctl->min_time = min_time;
     child = fork();
     if (child == 0) {
-      xcopy_child(ctl, xsrc, xdst);
+      child_main(ctl, Bufs{a, b, dst, xsrc, xdst});
       _exit(0);
     }
     // Yama (ptrace_scope 1) lets a parent read its child but not the reverse
@@ -224,14 +250,18 @@ int main(int argc, char** argv) {
     if (child > 0) prctl(PR_SET_PTRACER, child, 0, 0, 0);
   }
   int xsense = 0;
-  auto xcopy_gbps = [&](size_t n, long sets) {
+  // Both processes at once: the slower one's seconds per call (NaN without a
+  // child, or when process_vm_readv failed).
+  const Bufs mine{a, b, dst, xsrc, xdst};
+  auto both_seconds = [&](int kind, size_t n, long sets) {
     if (child <= 0) return std::nan("");
+    ctl->kind = kind;
     ctl->bytes = n;
     ctl->sets = static_cast<int>(sets);
     barrier(ctl, &xsense);
-    xcopy_round(ctl, 0, child, xsrc, xdst, n, &xsense);
-    if (ctl->failed[0] || ctl->failed[1]) return std::nan("");
-    return static_cast<double>(n) / std::max(ctl->seconds[0], ctl->seconds[1]) / 1e9;
+    round(ctl, 0, child, mine, &xsense);
+    if (kind == kXcopy && (ctl->failed[0] || ctl->failed[1])) return std::nan("");
+    return std::max(ctl->seconds[0], ctl->seconds[1]);
   };
   printf("size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint\n");
   for (double f : footprints) {
@@ -240,23 +270,29 @@ int main(int argc, char** argv) {
       const size_t half = std::max<size_t>(s / 2 / 4, 1) * 4;
       const long cs = sets_for(f, s, 2 * half, half), rs = sets_for(f, s, 3 * half, half),
                  xs = sets_for(f, s, 2 * half, half);
-      auto at = [&](std::byte* base, long k, long sets) { return base + static_cast<size_t>(k % sets) * half; };
-      double t_copy = best_seconds(
-          [&](long k) {
-            std::memcpy(at(dst, k, cs), at(a, k, cs), half);
-            asm volatile("" ::: "memory");
-          },
-          min_time, [] {}, cs);
-      double t_red = best_seconds(
-          [&](long k) {
-            loom::kernels::reduce2(at(dst, k, rs), at(a, k, rs), at(b, k, rs), half / 4, loom::DataType::kFloat32,
-                                   loom::RedOp::kSum);
-            asm volatile("" ::: "memory");
-          },
-          min_time, [] {}, rs);
+      double t_copy = 0, t_red = 0;
+      if (f > 0 && child > 0) {  // (a failed fork leaves these rows one-core)
+        // Footprint rows: every core at once, each on its own sets.
+        t_copy = both_seconds(kMemcpy, half, cs);
+        t_red = both_seconds(kReduce, half, rs);
+      } else {
+        t_copy = best_seconds(
+            [&](long) {
+              std::memcpy(dst, a, half);
+              asm volatile("" ::: "memory");
+            },
+            min_time);
+        t_red = best_seconds(
+            [&](long) {
+              loom::kernels::reduce2(dst, a, b, half / 4, loom::DataType::kFloat32, loom::RedOp::kSum);
+              asm volatile("" ::: "memory");
+            },
+            min_time);
+      }
       double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
       double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
-      const double x = xcopy_gbps(half, xs);  // the same half, like the other columns
+      const double xt = both_seconds(kXcopy, half, xs);  // the same half, like the other columns
+      const double x = std::isnan(xt) ? xt : half / xt / 1e9;
       printf("%zu,%.3f,%.3f,%.3f,%.3f,%g\n", s, copy_gbps, red_gbps, model, x, f);
       fflush(stdout);
     }

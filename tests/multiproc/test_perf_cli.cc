@@ -214,9 +214,9 @@ TEST_F(PerfCli, BadArgumentsAreRejected) {
 // would print inf or 0; a refused process_vm_readv prints nan.
 TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   ASSERT_TRUE(have("mem_bench"));
-  // Footprint 0: one buffer set; 4: cycling through sets that touch 4 x the
-  // row's size (1 MiB: memcpy 4 sets of 1 MiB, reduce 3 of 1.5 MiB, xcopy 2
-  // of 2 MiB over both processes; the smallest is exactly 4).
+  // Footprint 0: one buffer set on one core; 4: every core at once, each
+  // cycling through as many sets as fit in 4 x the row's size (1 MiB: memcpy
+  // 4 sets of 1 MiB, reduce 2 of 1.5 MiB, xcopy 4 of 1 MiB in each process).
   Outcome r = run(bin_dir() + "/mem_bench --sizes 64K,1M --min-time 0.002 --footprints 0,4");
   ASSERT_EQ(r.rc, 0) << r.out;
   auto ls = lines(r.out);
@@ -284,6 +284,30 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   EXPECT_EQ(ag4[4], want);
   EXPECT_EQ(ag4[6], "2x = 3.00");
   EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
+}
+
+// cma_probe: one row per size, source state and method, each a positive
+// finite time; a size list it cannot parse is refused.
+TEST_F(PerfCli, CmaProbeMeasuresCleanAndDirtyCopies) {
+  ASSERT_TRUE(have("cma_probe"));
+  Outcome r = run(bin_dir() + "/cma_probe --sizes 16K,64K --rounds 20");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto ls = lines(r.out);
+  ASSERT_GE(ls.size(), 5u) << r.out;  // shm rows always; readv rows where permitted
+  EXPECT_EQ(ls[0], "size,source,method,us,gbps");
+  int shm_rows = 0;
+  for (size_t i = 1; i < ls.size(); ++i) {
+    auto f = fields(ls[i], ',');
+    ASSERT_EQ(f.size(), 5u) << ls[i];
+    EXPECT_TRUE(f[0] == "16384" || f[0] == "65536") << ls[i];
+    EXPECT_TRUE(f[1] == "clean" || f[1] == "dirty") << ls[i];
+    EXPECT_TRUE(f[2] == "readv" || f[2] == "shm") << ls[i];
+    shm_rows += f[2] == "shm";
+    const double us = std::stod(f[3]);
+    EXPECT_TRUE(std::isfinite(us) && us > 0) << ls[i];
+  }
+  EXPECT_EQ(shm_rows, 4) << r.out;
+  EXPECT_EQ(run(bin_dir() + "/cma_probe --sizes 1Q").rc, 2);
 }
 
 // The copy bound uses the rates mem_bench measured at the collective's
