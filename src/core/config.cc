@@ -217,7 +217,7 @@ uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   // all_gather 32 KiB 6.4 -> 4.1, 128 KiB 14.2 -> 10.0; broadcast 128 KiB
   // 21.0 -> 10.0; send/recv 16 KiB 5.6 -> 3.7; equal from 256 KiB.
   // 16K measures faster only when the input never changes between calls, as
-  // in nccl-tests' loop (all_gather 128 KiB 5.7 against 10.4 us): the reader
+  // in nccl-tests' loop (all_gather 128 KiB 6.1 against 10.1 us): the reader
   // then keeps the lines in its own cache. LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=16K
   // restores that for data that really is static. Oversubscribed, a sender
   // waiting for its reader's acknowledgement waits for a core too (4 ranks
