@@ -6,7 +6,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
+#include <vector>
 
 #include "common/test_util.h"
 #include "core/config.h"
@@ -368,6 +370,45 @@ TEST(ShmPaths, FifosArePrefaultedAtSetup) {
   printf("minor page faults during 128 allreduces of 32 KiB: %ld\n", faults);
   EXPECT_EQ(out[0][0], 2.0f);
   EXPECT_EQ(out[1][count - 1], 2.0f);
+}
+
+// Regression (seen as test_kill failing about once in 40 runs under load): a
+// rank that failed because another one was killed announces why in its
+// segment and exits. A peer whose check read the flags just before the
+// announcement and the liveness just after the exit said "rank N died",
+// blaming the wrong rank. The probe below makes rank 0 fail and vanish at
+// exactly that point, between check_peer's reads, when the check runs on the
+// test's thread (the op runs there: caller waits); other threads (the
+// watchdog's checks) see rank 0 alive, so only the op's own check decides.
+Comm* g_failing_rank = nullptr;
+std::thread::id g_op_thread;
+std::atomic<int> g_liveness_probes{0};
+bool fail_then_vanish(int) {
+  if (std::this_thread::get_id() != g_op_thread) return true;
+  if (g_liveness_probes.fetch_add(1) == 0 && g_failing_rank) g_failing_rank->abort("it saw rank 2 die");
+  return false;
+}
+
+TEST(ShmPaths, APeerThatFailedAndLeftIsNotReportedDead) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  g_failing_rank = (*comms)[0].get();
+  g_op_thread = std::this_thread::get_id();
+  g_liveness_probes = 0;
+  ShmTransport::set_liveness_probe_for_test(fail_then_vanish);
+  // Rank 1 runs an allreduce rank 0 never joins, on this thread (it waits at
+  // once), and checks its peer while it waits.
+  (*comms)[1]->set_caller_waits(true);
+  std::vector<float> buf(1024, 1.0f);
+  auto w = (*comms)[1]->allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, RedOp::kSum);
+  Status st = w.is_ok() ? w->wait() : w.status();
+  ShmTransport::set_liveness_probe_for_test(nullptr);
+  g_failing_rank = nullptr;
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(g_liveness_probes.load(), 1);
+  EXPECT_NE(st.message().find("rank 0 failed"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("it saw rank 2 die"), std::string::npos) << st.to_string();
+  EXPECT_EQ(st.message().find("died"), std::string::npos) << st.to_string();
 }
 
 }  // namespace
