@@ -101,13 +101,16 @@ TEST(CallerRuns, BlockingOpDoesNotOvertakeQueuedOne) {
 }
 
 // An op run at issue that fails returns a failed Work with the error, and
-// marks the communicator failed as it would through the queue.
+// marks the communicator failed as it would through the queue. Rank 1 never
+// joins and the op fails at its deadline. (It used to be failed by aborting
+// rank 1 first; rank 0's idle watchdog could see that abort before the op was
+// issued and fail the communicator itself, so the call, not the op, reported
+// it: 1 run in 12 under TSan.)
 TEST(CallerRuns, FailureAtIssueIsReported) {
   Config cfg;
-  cfg.timeout_s = 30;
+  cfg.timeout_s = 0.5;
   auto comms = Comm::init_all(2, cfg);
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-  (*comms)[1]->abort("rank 1 gives up (test)");
   Comm& c = *(*comms)[0];
   c.set_caller_waits(true);
   std::vector<float> v(4, 1.0f);
@@ -116,7 +119,8 @@ TEST(CallerRuns, FailureAtIssueIsReported) {
   EXPECT_TRUE(w->test()) << "an op run at issue is complete when the call returns";
   Status st = w->wait();
   EXPECT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("rank 1 gives up (test)"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("LOOM_TIMEOUT"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.to_string();
   auto again = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kSum);
   ASSERT_FALSE(again.is_ok());
   EXPECT_NE(again.status().message().find("failed earlier"), std::string::npos) << again.status().to_string();
