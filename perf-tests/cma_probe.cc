@@ -79,6 +79,7 @@ double measure(size_t n, bool dirty, bool readv, int rounds, std::byte* priv, st
       sh->turn.store(2 * i + 2, std::memory_order_release);
     }
     sh->us = total / rounds;
+    std::free(dst);
     _exit(0);
   }
   prctl(PR_SET_PTRACER, b, 0, 0, 0);  // Yama: let the child read us
@@ -138,5 +139,8 @@ int main(int argc, char** argv) {
       }
     }
   }
+  std::free(priv);
+  munmap(shm, largest);
+  munmap(sh, sizeof(Shared));
   return 0;
 }
