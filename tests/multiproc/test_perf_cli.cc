@@ -238,6 +238,18 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   EXPECT_NE(bad.out.find("bad footprint list"), std::string::npos) << bad.out;
 }
 
+// compare.sh --summarize over a raw.csv and a mem.csv written here, in a
+// directory removed afterwards.
+Outcome summarize(const std::string& raw_rows, const std::string& mem_csv) {
+  char dir[] = "/tmp/loom_compare_XXXXXX";
+  if (!mkdtemp(dir)) return Outcome{-1, "mkdtemp failed"};
+  std::ofstream(std::string(dir) + "/raw.csv") << "impl,coll,nranks,size,time_us,busbw,wrong\n" << raw_rows;
+  std::ofstream(std::string(dir) + "/mem.csv") << mem_csv;
+  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  if (system(("rm -rf " + std::string(dir)).c_str()) != 0) r.out += "\n(could not remove " + std::string(dir) + ")";
+  return r;
+}
+
 // compare.sh --summarize prices the copy bound from mem.csv's rates. Here
 // the rates are chosen by hand (memcpy M = 10, reduce R = 5, cross-process
 // X = 8 GB/s at 4 and 16 MiB; 40 / 20 / 20 at 1 MiB) and the expected bounds
@@ -249,19 +261,11 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
 //   all_gather, 4 ranks, c = min(4, cores) cores: 3 blocks of 4 cross and
 //     one is copied: 0.75 c / (3/20 + 1/40) = 4.29 c.
 TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
-  char dir[] = "/tmp/loom_compare_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  {
-    std::ofstream raw(std::string(dir) + "/raw.csv");
-    raw << "impl,coll,nranks,size,time_us,busbw,wrong\n"
-        << "loom,all_gather,2,4194304,1000,4.0,0\nompi,all_gather,2,4194304,1300,3.0,0\n"
-        << "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
-        << "loom,all_gather,4,1048576,300,2.0,0\nompi,all_gather,4,1048576,400,1.5,0\n";
-    std::ofstream mem(std::string(dir) + "/mem.csv");
-    mem << "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n"
-        << "1048576,40,20,26.7,20\n4194304,10,5,6.67,8\n16777216,10,5,6.67,8\n";
-  }
-  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  Outcome r = summarize("loom,all_gather,2,4194304,1000,4.0,0\nompi,all_gather,2,4194304,1300,3.0,0\n"
+                        "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
+                        "loom,all_gather,4,1048576,300,2.0,0\nompi,all_gather,4,1048576,400,1.5,0\n",
+                        "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n"
+                        "1048576,40,20,26.7,20\n4194304,10,5,6.67,8\n16777216,10,5,6.67,8\n");
   ASSERT_EQ(r.rc, 0) << r.out;
   // | size | loom | ompi | ratio | [model | loom/model |] copy bound | loom/bound | target | target/bound |
   auto ag2 = summary_row(r.out, "all_gather, 2 ranks", "4 MiB");
@@ -283,7 +287,6 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   snprintf(want, sizeof want, "%.2f", 0.75 * static_cast<double>(std::min(4L, cores)) / (3.0 / 20 + 1.0 / 40));
   EXPECT_EQ(ag4[4], want);
   EXPECT_EQ(ag4[6], "2x = 3.00");
-  EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
 }
 
 // cma_probe: one row per size, source state and method, each a positive
@@ -320,22 +323,16 @@ TEST_F(PerfCli, CmaProbeMeasuresCleanAndDirtyCopies) {
 // A size measured only with one set (16 MiB) keeps those rates.
 TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "the expected bounds below are worked out for 2 cores";
-  char dir[] = "/tmp/loom_compare_fp_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  {
-    std::ofstream raw(std::string(dir) + "/raw.csv");
-    raw << "impl,coll,nranks,size,time_us,busbw,wrong\n"
-        << "loom,allreduce,2,67108864,30000,2.2,0\nompi,allreduce,2,67108864,60000,1.1,0\n"
-        << "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
-        << "loom,all_gather,2,67108864,30000,1.0,0\nompi,all_gather,2,67108864,40000,0.8,0\n";
-    const long c = std::min(2L, sysconf(_SC_NPROCESSORS_ONLN));
-    std::ofstream mem(std::string(dir) + "/mem.csv");
-    mem << "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint\n"
-        << "16777216,10,5,6.67,8,0\n67108864,10,5,6.67,8,0\n"
-        << "67108864,6,3,4,3," << 3.0 / static_cast<double>(c) << "\n"
-        << "67108864,5,2.5,3.33,4," << 4.0 / static_cast<double>(c) << "\n";
-  }
-  Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  const double c = static_cast<double>(std::min(2L, sysconf(_SC_NPROCESSORS_ONLN)));
+  std::ostringstream mem;
+  mem << "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint\n"
+      << "16777216,10,5,6.67,8,0\n67108864,10,5,6.67,8,0\n"
+      << "67108864,6,3,4,3," << 3.0 / c << "\n"
+      << "67108864,5,2.5,3.33,4," << 4.0 / c << "\n";
+  Outcome r = summarize("loom,allreduce,2,67108864,30000,2.2,0\nompi,allreduce,2,67108864,60000,1.1,0\n"
+                        "loom,allreduce,2,16777216,4000,4.2,0\nompi,allreduce,2,16777216,8000,2.1,0\n"
+                        "loom,all_gather,2,67108864,30000,1.0,0\nompi,all_gather,2,67108864,40000,0.8,0\n",
+                        mem.str());
   ASSERT_EQ(r.rc, 0) << r.out;
   auto ar64 = summary_row(r.out, "allreduce, 2 ranks", "64 MiB");
   ASSERT_EQ(ar64.size(), 10u) << r.out;
@@ -348,7 +345,6 @@ TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
   ASSERT_EQ(ag64.size(), 8u) << r.out;
   EXPECT_EQ(ag64[4], "2.00");
   EXPECT_NE(r.out.find("memory reference at the collectives' footprints"), std::string::npos) << r.out;
-  EXPECT_EQ(system(("rm -rf " + std::string(dir)).c_str()), 0);
 }
 
 // mpi_bench, compare.sh's Open MPI side: the CSV row verifies, with and
