@@ -177,11 +177,13 @@ std::vector<Case> correctness_matrix(int nranks, bool include_big) {
 }  // namespace loom::testing
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -311,11 +313,30 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
+namespace {
+// The creator's pid from a segment's header (ShmTransport::Segment: a 64-bit
+// magic, then the pid); 0 when it cannot be read yet (being created).
+int segment_creator(const std::string& name) {
+  int fd = open(("/dev/shm/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  int32_t pid = 0;
+  ssize_t got = pread(fd, &pid, sizeof pid, 8);
+  close(fd);
+  return got == static_cast<ssize_t>(sizeof pid) ? pid : 0;
+}
+}  // namespace
+
 std::vector<std::string> loom_shm_segments() {
   std::vector<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).rfind("loom-", 0) == 0) out.push_back(e->d_name);
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("loom-", 0) != 0) continue;
+      const int pid = segment_creator(name);
+      // Unreadable, or its creator runs (EPERM: alive, not ours): not left behind.
+      if (pid <= 0 || kill(pid, 0) == 0 || errno == EPERM) continue;
+      out.push_back(name);
+    }
     closedir(d);
   }
   return out;

@@ -75,7 +75,11 @@ std::string build_bin(const std::string& name);
 // Runs a shell command; returns what it wrote to stdout.
 std::string run_command(const std::string& cmd);
 
-// Names of /dev/shm entries Loom creates ("loom-*").
+// Names of /dev/shm entries Loom creates ("loom-*") whose creating process
+// has exited: segments left behind. A segment whose creator still runs
+// belongs to a live communicator, e.g. another test's under ctest -j, and is
+// not counted (regression: test_kill and netns_doctor failed under ctest -j2
+// on a concurrently running test's segments).
 std::vector<std::string> loom_shm_segments();
 
 }  // namespace loom::testing
