@@ -128,6 +128,15 @@ struct Bufs {
   std::byte *xsrc, *xdst;  // xcopy: the peer reads our xsrc into its xdst
 };
 
+// Call k of a memcpy or reduce measurement, on set k mod sets (sets lie n
+// bytes apart): dst <- a, or dst <- a + b (floats).
+void local_call(int kind, const Bufs& m, size_t n, long sets, long k) {
+  const size_t o = static_cast<size_t>(k % sets) * n;
+  if (kind == kMemcpy) std::memcpy(m.dst + o, m.a + o, n);
+  else loom::kernels::reduce2(m.dst + o, m.a + o, m.b + o, n / 4, loom::DataType::kFloat32, loom::RedOp::kSum);
+  asm volatile("" ::: "memory");
+}
+
 // One round, in both processes at once, call k on set k mod sets (sets lie n
 // bytes apart); each batch of best_seconds starts together on both sides.
 // kXcopy: read n bytes of the peer's xsrc into our xdst (after a failure the
@@ -141,19 +150,10 @@ void round(XCtl* c, int me, pid_t peer, const Bufs& m, int* sense) {
   if (c->kind == kXcopy) std::memset(m.xsrc, me + 1, n * static_cast<size_t>(sets));  // written after the fork
   c->seconds[me] = best_seconds(
       [&](long k) {
-        switch (c->kind) {
-          case kXcopy: {
-            if (c->failed[me]) return;
-            iovec here{at(m.xdst, k), n}, there{at(m.xsrc, k), n};
-            if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
-            break;
-          }
-          case kMemcpy: std::memcpy(at(m.dst, k), at(m.a, k), n); break;
-          default:
-            loom::kernels::reduce2(at(m.dst, k), at(m.a, k), at(m.b, k), n / 4, loom::DataType::kFloat32,
-                                   loom::RedOp::kSum);
-        }
-        asm volatile("" ::: "memory");
+        if (c->kind != kXcopy) return local_call(c->kind, m, n, sets, k);
+        if (c->failed[me]) return;
+        iovec here{at(m.xdst, k), n}, there{at(m.xsrc, k), n};
+        if (process_vm_readv(peer, &here, 1, &there, 1, 0) != static_cast<ssize_t>(n)) c->failed[me] = 1;
       },
       c->min_time, [&] { barrier(c, sense); }, sets);
   barrier(c, sense);  // both results are in
@@ -276,18 +276,8 @@ int main(int argc, char** argv) {
         t_copy = both_seconds(kMemcpy, half, cs);
         t_red = both_seconds(kReduce, half, rs);
       } else {
-        t_copy = best_seconds(
-            [&](long) {
-              std::memcpy(dst, a, half);
-              asm volatile("" ::: "memory");
-            },
-            min_time);
-        t_red = best_seconds(
-            [&](long) {
-              loom::kernels::reduce2(dst, a, b, half / 4, loom::DataType::kFloat32, loom::RedOp::kSum);
-              asm volatile("" ::: "memory");
-            },
-            min_time);
+        t_copy = best_seconds([&](long k) { local_call(kMemcpy, mine, half, 1, k); }, min_time);
+        t_red = best_seconds([&](long k) { local_call(kReduce, mine, half, 1, k); }, min_time);
       }
       double copy_gbps = half / t_copy / 1e9, red_gbps = half / t_red / 1e9;
       double model = static_cast<double>(s) / (t_copy + t_red) / 1e9;
