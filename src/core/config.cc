@@ -50,6 +50,10 @@ std::vector<ParamInfo>& registry() {
        "Shared single copy: a sender whose phase only sends writes half of a large (>= 512 KiB) single-copy "
        "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); 0 = the "
        "receiver copies alone."},
+      {"LOOM_SHM_MAP_SHARED", "bool", "1",
+       "A single-copy message from a buffer of loom::mem_alloc / ncclMemAlloc is read through a mapping of "
+       "the sender's buffer (mapped once per buffer, pidfd_getfd + mmap) instead of by process_vm_readv per "
+       "message; 0 = always process_vm_readv. The receiving rank's setting decides."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},
@@ -228,6 +232,7 @@ uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }
 int shm_slots() { return static_cast<int>(env_int("LOOM_SHM_SLOTS", 1)); }
+int shm_map_shared() { return static_cast<int>(env_int("LOOM_SHM_MAP_SHARED", 1)); }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }

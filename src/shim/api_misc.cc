@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "loom/memory.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 
@@ -127,7 +128,15 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   return guard("ncclMemAlloc", nullptr, [&]() -> Status {
     if (ptr == nullptr) return invalid_argument("ptr is NULL");
     if (size == 0) return invalid_argument("size is 0");
-    // Host memory, aligned so it also satisfies NCCL_WIN_REQUIRED_ALIGNMENT.
+    // Host memory from loom::mem_alloc: page-aligned (so it satisfies
+    // NCCL_WIN_REQUIRED_ALIGNMENT) and mappable by the peers of this host,
+    // which then read it without process_vm_readv (include/loom/memory.h).
+    // Where shared-memory files are not available, ordinary aligned memory.
+    static_assert(kAllocAlignment <= 4096);
+    if (Result<void*> r = mem_alloc(size); r.is_ok()) {
+      *ptr = *r;
+      return Status::ok();
+    }
     void* p = nullptr;
     int err = posix_memalign(&p, kAllocAlignment, size);
     if (err != 0) return system_error("ncclMemAlloc(" + std::to_string(size) + ")", err);
@@ -138,7 +147,7 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
 
 extern "C" ncclResult_t pncclMemFree(void* ptr) {
   return guard("ncclMemFree", nullptr, [&]() -> Status {
-    std::free(ptr);
+    if (!mem_free(ptr).is_ok()) std::free(ptr);  // ncclMemAlloc's fallback
     return Status::ok();
   });
 }

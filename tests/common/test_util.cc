@@ -2,20 +2,24 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
 
 #include "kernels/host_reduce.h"
+#include "loom/memory.h"
 #include "verifiable.h"
 
 namespace loom::testing {
 
 std::string Case::name() const {
-  return fmt::format("{} {} {} count={} {}{}", collective_name(coll), dtype_name(dt), redop_name(op), count,
+  return fmt::format("{} {} {} count={} {}{}{}", collective_name(coll), dtype_name(dt), redop_name(op), count,
                      in_place ? "in-place" : "out-of-place",
-                     (coll == Collective::kBroadcast || coll == Collective::kReduce) ? fmt::format(" root={}", root) : "");
+                     (coll == Collective::kBroadcast || coll == Collective::kReduce) ? fmt::format(" root={}", root) : "",
+                     shared_buffers ? " mem_alloc" : "");
 }
 
 std::vector<std::string> run_cases_on_threads(std::vector<std::unique_ptr<Comm>>& comms,
@@ -38,6 +42,34 @@ std::vector<std::string> run_cases_on_threads(std::vector<std::unique_ptr<Comm>>
   return err;
 }
 
+namespace {
+// A case's buffer: heap, or loom::mem_alloc (Case::shared_buffers), filled with `fill`.
+class Buf {
+ public:
+  Buf(size_t bytes, std::byte fill, bool shared) : shared_(shared) {
+    if (shared) {
+      Result<void*> r = mem_alloc(std::max<size_t>(bytes, 1));
+      p_ = r.is_ok() ? static_cast<std::byte*>(*r) : nullptr;
+    } else {
+      p_ = static_cast<std::byte*>(std::malloc(std::max<size_t>(bytes, 1)));
+    }
+    if (p_) std::memset(p_, static_cast<int>(fill), bytes);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() {
+    if (shared_) (void)mem_free(p_);
+    else std::free(p_);
+  }
+  std::byte* data() const { return p_; }
+  std::byte& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  std::byte* p_ = nullptr;
+  bool shared_;
+};
+}  // namespace
+
 Status run_case(Comm& comm, const Case& c) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = dtype_size(c.dt);
@@ -52,7 +84,9 @@ Status run_case(Comm& comm, const Case& c) {
   const size_t big = std::max(send_count, recv_count);
   // Guard bytes after each buffer catch overruns.
   constexpr size_t kGuard = 64;
-  std::vector<std::byte> sendv(send_count * es + kGuard, std::byte{0x5a}), recvv(big * es + kGuard, std::byte{0xa5});
+  Buf sendv(send_count * es + kGuard, std::byte{0x5a}, c.shared_buffers),
+      recvv(big * es + kGuard, std::byte{0xa5}, c.shared_buffers);
+  if (!sendv.data() || !recvv.data()) return system_error(c.name() + ": allocating the buffers", ENOMEM);
   std::byte* sendp = sendv.data();
   std::byte* recvp = recvv.data();
   const bool reduces = c.coll == Collective::kAllReduce || c.coll == Collective::kReduceScatter || c.coll == Collective::kReduce;

@@ -28,6 +28,9 @@ struct Case {
   size_t count = 0;
   bool in_place = false;
   int root = 0;
+  // Buffers from loom::mem_alloc (peers read them through mappings) instead
+  // of the heap.
+  bool shared_buffers = false;
   std::string name() const;
 };
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/shared_buffers.h"
 #include "nccl.h"
 #include "unit/nccl_comms.h"
 
@@ -25,6 +26,19 @@ ncclResult_t wait_ready(ncclComm_t comm) {
     if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return state;
+}
+
+// ncclMemAlloc hands out loom::mem_alloc memory, which peers of this host
+// read through a mapping (tests/multiproc/test_shared_buffers.cc), and
+// ncclMemFree returns it.
+TEST(NcclApi, MemAllocGivesBuffersPeersCanMap) {
+  void* p = nullptr;
+  ASSERT_EQ(ncclMemAlloc(&p, 3 << 20), ncclSuccess);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % NCCL_WIN_REQUIRED_ALIGNMENT, 0u);
+  EXPECT_TRUE(loom::shared_buffers::find(p, 3 << 20).has_value());
+  EXPECT_EQ(ncclMemFree(p), ncclSuccess);
+  EXPECT_FALSE(loom::shared_buffers::find(p, 1).has_value());
 }
 
 TEST(NcclApi, GatherScatterAndAllReduceInOneGroup) {

@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,11 +15,15 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/shared_buffers.h"
 
 namespace loom {
 namespace {
@@ -85,14 +90,29 @@ constexpr size_t kFifoCtlBytes = sizeof(FifoCtl);
 // a receiver that knows the destination then asks it to write the second
 // half with process_vm_writev while it reads the first half itself, so two
 // cores copy one message (2-rank broadcast, send/recv).
+//
+// Mapped single copy: when the message lies in a buffer of loom::mem_alloc
+// (a shared-memory file), the descriptor also says which file and where; the
+// receiver maps the file once (pidfd_getfd + mmap, PeerMaps below) and reads
+// the bytes with plain loads: no system call or page pinning per message,
+// and a reduction reads them in place instead of through the staging buffer.
 struct CmaDescriptor {
   uint64_t magic;
   uint64_t addr;
   uint64_t len;
   int64_t pid;
   uint64_t flags;
+  // With kCmaMappable: the buffer's file (shared_buffers::Ref) and the
+  // sender's count of freed buffers (a change drops the receiver's mappings).
+  uint64_t map_id;
+  int64_t map_fd;
+  uint64_t map_inode;
+  uint64_t map_offset;
+  uint64_t map_file_bytes;
+  uint64_t map_releases;
 };
 constexpr uint64_t kCmaSenderCanPush = 1;
+constexpr uint64_t kCmaMappable = 2;
 constexpr size_t kPushMinBytes = 512 << 10;  // below this, one reader is as fast
 std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this process
 std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, this process
@@ -100,6 +120,7 @@ std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, t
 // messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
+std::atomic<uint64_t> g_mapped_messages{0};
 // Bumps a test counter on the message path with a plain load + store, not an
 // atomic increment: with several thread ranks a count may be lost, which only
 // matters to a test that asks for > 0.
@@ -221,10 +242,108 @@ bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* er
   return cma_copy(pid, addr, const_cast<std::byte*>(src), len, true, err);
 }
 
+// A receiver's mappings of its peers' mem_alloc buffers, shared by every
+// connection of this process and kept across operations (mapping costs two
+// system calls and the page-table set-up of the whole buffer). Keyed by
+// (pid, buffer id): ids are never reused. A mapping keeps its buffer's
+// memory alive after the sender frees it, so all mappings of a process go
+// as soon as one of its descriptors shows that it freed a buffer since, and
+// the least recently used goes beyond kMaxPeerMappings. A process whose
+// descriptors may not be taken (EPERM: another user; ENOSYS: kernel before
+// 5.6) is read by process_vm_readv from then on.
+constexpr size_t kMaxPeerMappings = 64;
+
+struct PeerMapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  PeerMapping(void* b, size_t n) : base(b), bytes(n) {}
+  PeerMapping(const PeerMapping&) = delete;
+  PeerMapping& operator=(const PeerMapping&) = delete;
+  ~PeerMapping() { munmap(base, bytes); }
+};
+
+class PeerMaps {
+ public:
+  static PeerMaps& get() {
+    static auto* maps = new PeerMaps();  // leaked: connections may outlive static destruction
+    return *maps;
+  }
+
+  // The mapping of the buffer `d` names, or nullptr (then: process_vm_readv).
+  std::shared_ptr<PeerMapping> lookup(const CmaDescriptor& d) {
+    std::lock_guard<std::mutex> lk(mu_);
+    Peer& peer = peers_[d.pid];
+    if (peer.denied) return nullptr;
+    if (peer.releases != d.map_releases) {  // it freed a buffer: drop what may be stale
+      std::erase_if(entries_, [&](const Entry& e) { return e.pid == d.pid; });
+      peer.releases = d.map_releases;
+    }
+    ++clock_;
+    for (Entry& e : entries_)
+      if (e.pid == d.pid && e.id == d.map_id) {
+        e.last_use = clock_;
+        return e.map;
+      }
+    std::shared_ptr<PeerMapping> m = map(d, &peer);
+    if (!m) return nullptr;
+    if (entries_.size() >= kMaxPeerMappings)
+      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; }));
+    entries_.push_back({d.pid, d.map_id, clock_, m});
+    return m;
+  }
+
+ private:
+  struct Peer {
+    uint64_t releases = 0;
+    bool denied = false;
+  };
+  struct Entry {
+    int64_t pid;
+    uint64_t id;
+    uint64_t last_use;
+    std::shared_ptr<PeerMapping> map;
+  };
+
+  static std::shared_ptr<PeerMapping> map(const CmaDescriptor& d, Peer* peer) {
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(d.pid), 0));
+    if (pidfd < 0) {
+      if (errno == ENOSYS || errno == EPERM) peer->denied = true;
+      return nullptr;
+    }
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, static_cast<int>(d.map_fd), 0));
+    const int err = errno;
+    close(pidfd);
+    if (fd < 0) {
+      if (err == ENOSYS || err == EPERM || err == EACCES) {
+        peer->denied = true;
+        LOOM_INFO(kLogShm, "cannot map buffers of process {} ({}): reading them by process_vm_readv", d.pid,
+                 strerror(err));
+      }
+      return nullptr;
+    }
+    // The descriptor names a file by number in the sender; make sure it is
+    // the buffer's (same inode, large enough) before reading through it.
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == d.map_inode &&
+        static_cast<uint64_t>(st.st_size) >= d.map_file_bytes && d.map_offset + d.len <= d.map_file_bytes)
+      p = mmap(nullptr, static_cast<size_t>(d.map_file_bytes), PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return nullptr;
+    return std::make_shared<PeerMapping>(p, static_cast<size_t>(d.map_file_bytes));
+  }
+
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+  std::map<int64_t, Peer> peers_;
+  uint64_t clock_ = 0;
+};
+
 class ShmConnection final : public Connection {
  public:
   ShmConnection(ShmTransport::Segment* self, ShmTransport::Segment* peer, int rank, int peer_rank, int nranks,
-                size_t cap, bool can_push)
+                size_t cap, bool can_push, bool map_peers)
       : self_(self),
         peer_(peer),
         out_ctl_(peer->ctl(rank)),
@@ -237,6 +356,7 @@ class ShmConnection final : public Connection {
     out_push_seen_ = out_ctl_->push_seq.load(std::memory_order_relaxed);
     in_push_seq_ = in_ctl_->push_seq.load(std::memory_order_relaxed);
     can_push_ = can_push;
+    map_peers_ = map_peers;
   }
 
   void set_sender_idle(bool idle) override { sender_idle_ = idle; }
@@ -268,6 +388,7 @@ class ShmConnection final : public Connection {
     // With a shared copy under way the sender writes the rest straight into
     // the destination: only recv_into can complete this message.
     if (push_pending_ && in_done_ >= read_end_) return {};
+    if (peer_src_) return {peer_src_ + in_done_, std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_})};
     if (!stage_) stage_ = std::make_unique<std::byte[]>(kCmaStageBytes);
     size_t n = std::min({msg_remaining, kCmaStageBytes, read_end_ - in_done_});
     if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_)) return {};
@@ -299,7 +420,8 @@ class ShmConnection final : public Connection {
       request_push(dst);
     if (push_pending_ && in_done_ >= read_end_) return take_pushed();
     size_t n = std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_});
-    if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_)) return 0;
+    if (peer_src_) std::memcpy(dst, peer_src_ + in_done_, n);
+    else if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_)) return 0;
     ack(n);
     finish_recv(n);
     return n;
@@ -383,8 +505,21 @@ class ShmConnection final : public Connection {
     if (!out_desc_posted_) {
       if (fifo_free(sizeof(CmaDescriptor)) < sizeof(CmaDescriptor)) return 0;
       const bool push = can_push_ && sender_idle_ && msg_remaining >= kPushMinBytes;
-      CmaDescriptor d{kCmaMagic, reinterpret_cast<uint64_t>(src), msg_remaining, getpid(),
-                      push ? kCmaSenderCanPush : 0};
+      CmaDescriptor d{};
+      d.magic = kCmaMagic;
+      d.addr = reinterpret_cast<uint64_t>(src);
+      d.len = msg_remaining;
+      d.pid = getpid();
+      d.flags = push ? kCmaSenderCanPush : 0;
+      if (auto ref = shared_buffers::find(src, msg_remaining)) {
+        d.flags |= kCmaMappable;
+        d.map_id = ref->id;
+        d.map_fd = ref->fd;
+        d.map_inode = ref->inode;
+        d.map_offset = ref->offset;
+        d.map_file_bytes = ref->file_bytes;
+        d.map_releases = shared_buffers::releases();
+      }
       // Previous single-copy messages were fully acknowledged, so the counter
       // now marks where this message's acknowledgements start.
       out_ack_base_ = out_ctl_->cma_ack.load(std::memory_order_acquire);
@@ -512,6 +647,15 @@ class ShmConnection final : public Connection {
     }
     have_desc_ = true;
     bump_test_counter(g_single_copy_messages);
+    peer_map_.reset();
+    peer_src_ = nullptr;
+    if ((desc_.flags & kCmaMappable) && map_peers_ && desc_.pid != getpid()) {
+      peer_map_ = PeerMaps::get().lookup(desc_);
+      if (peer_map_) {
+        peer_src_ = static_cast<const std::byte*>(peer_map_->base) + desc_.map_offset;
+        bump_test_counter(g_mapped_messages);
+      }
+    }
     return true;
   }
 
@@ -549,6 +693,11 @@ class ShmConnection final : public Connection {
   CmaDescriptor desc_{};
   std::unique_ptr<std::byte[]> stage_;
   int cma_errno_ = 0;
+  // Mapped single copy: reading the current message through a mapping of
+  // the sender's buffer (kCmaMappable), which stays alive while we hold it.
+  bool map_peers_ = true;
+  std::shared_ptr<PeerMapping> peer_map_;
+  const std::byte* peer_src_ = nullptr;
   // Shared single copy. Sender: may write into this peer (probed), its
   // phase only sends, the current message offered it, last request seen.
   bool can_push_ = false, sender_idle_ = false, out_push_offered_ = false;
@@ -769,6 +918,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     }
   }
   if (params::shm_shared_copy() == 0) can_push = false;
+  const bool map_peers = params::shm_map_shared() != 0;
   st = boot.barrier(deadline);
   shm_unlink(t->own_name_.c_str());
   t->unlinked_ = true;
@@ -779,7 +929,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     prefault(reinterpret_cast<std::byte*>(t->segs_[i]->ctl(r)), kFifoCtlBytes, true);  // control + slots to i
     prefault(self->data(i, n, t->fifo_bytes_), t->fifo_bytes_, false);           // inbound from i
     prefault(t->segs_[i]->data(r, n, t->fifo_bytes_), t->fifo_bytes_, true);     // outbound to i
-    t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, can_push);
+    t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, can_push, map_peers);
   }
   LOOM_INFO(kLogShm, "rank {}: shm transport up, {} local peers, fifo {} KiB", r,
             nlocal - 1, t->fifo_bytes_ >> 10);
@@ -830,6 +980,7 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
 size_t ShmTransport::slot_ring_size() { return kSlots; }
 uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::mapped_messages() { return g_mapped_messages.load(std::memory_order_relaxed); }
 
 uint64_t ShmTransport::wait_timeouts() { return g_wait_timeouts.load(std::memory_order_relaxed); }
 

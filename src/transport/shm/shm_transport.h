@@ -50,6 +50,10 @@ class ShmTransport final : public Transport {
   static size_t slot_ring_size();
   // Messages this process received by single copy (tests).
   static uint64_t single_copy_messages();
+  // Of those, the ones read through a mapping of the sender's buffer
+  // (loom::mem_alloc memory, LOOM_SHM_MAP_SHARED) instead of by
+  // process_vm_readv (tests).
+  static uint64_t mapped_messages();
   // Tests: replaces the peer liveness check (kill(pid, 0) + /proc) of
   // check_peer; nullptr restores it. Lets a test make a peer fail and vanish
   // between check_peer's reads, which real processes do only by chance.

@@ -1,0 +1,35 @@
+// loom::mem_alloc — host memory that the other ranks of this host can map.
+//
+// A large message between two processes of one host normally travels by a
+// single copy: the receiver reads the sender's buffer with process_vm_readv,
+// which pins every page of it in the kernel on each call. A buffer from
+// mem_alloc lives in a shared-memory file instead; a receiving rank maps it
+// once (pidfd_getfd + mmap) and from then on reads it with plain loads: no
+// system call and no page pinning per message, and a reduction reads the
+// sender's data in place instead of through a staging buffer.
+//
+// Nothing else changes: any pointer into such a buffer may be passed to any
+// operation, buffers may be mixed with ordinary memory, and where mapping is
+// not permitted (another user's process, a kernel without pidfd_getfd, or
+// LOOM_SHM_MAP_SHARED=0) the transport falls back to process_vm_readv.
+// ncclMemAlloc / ncclMemFree in the NCCL shim allocate host memory this way.
+//
+// A freed buffer's memory is released once every peer has dropped its
+// mapping: a peer drops its mappings of a process that freed one when its
+// next message from that process arrives, or when it maps more than
+// kMaxPeerMappings buffers (shm transport).
+#pragma once
+
+#include <cstddef>
+
+#include "loom/status.h"
+
+namespace loom {
+
+// Zero-filled, page-aligned host memory of at least `bytes` (> 0) bytes.
+Result<void*> mem_alloc(size_t bytes);
+// Frees memory from mem_alloc; nullptr is a no-op. kInvalidArgument for a
+// pointer mem_alloc did not return (or one already freed).
+Status mem_free(void* p);
+
+}  // namespace loom
