@@ -14,6 +14,7 @@
 #include "algorithms/algorithms.h"
 #include "bootstrap/bootstrap.h"
 #include "loom/comm.h"
+#include "loom/memory.h"
 #include "perf_colls.h"
 #include "perf_mpi.h"
 #include "perf_report.h"
@@ -26,16 +27,31 @@ namespace {
 // closed-form data can produce in any type (123 as int8, ~1e36 as float...).
 constexpr int kPoison = 0x7b;
 
+// Frees with std::free, or loom::mem_free for buffers of mem_alloc (-R).
 struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
+  bool shared = false;
+  void operator()(std::byte* p) const {
+    if (shared) (void)mem_free(p);
+    else std::free(p);
+  }
 };
 using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
 
-Buffer alloc_touched(size_t bytes) {
-  size_t rounded = (bytes + 4095) / 4096 * 4096;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
-  if (p) std::memset(p, 1, std::max<size_t>(rounded, 4096));  // fault the pages in before timing
-  return Buffer(p);
+Buffer alloc_touched(size_t bytes, bool shared) {
+  const size_t rounded = std::max<size_t>((bytes + 4095) / 4096 * 4096, 4096);
+  std::byte* p = nullptr;
+  if (shared) {
+    Result<void*> r = mem_alloc(rounded);
+    if (!r.is_ok()) {
+      fprintf(stderr, "%s\n", r.status().to_string().c_str());
+      return Buffer(nullptr, FreeDeleter{true});
+    }
+    p = static_cast<std::byte*>(*r);
+  } else {
+    p = static_cast<std::byte*>(std::aligned_alloc(4096, rounded));
+  }
+  if (p) std::memset(p, 1, rounded);  // fault the pages in before timing
+  return Buffer(p, FreeDeleter{shared});
 }
 
 // Combines a per-rank value across ranks with the communicator itself
@@ -312,7 +328,8 @@ int perf_main(int argc, char** argv, Bench bench) {
     Shape s = shape_for(bench, bytes, es, n);
     max_elems = std::max({max_elems, s.send_count, s.recv_count});
   }
-  Buffer sendb = alloc_touched(max_elems * es + 64), recvb = alloc_touched(max_elems * es + 64);
+  const bool shared = o.local_register > 0;
+  Buffer sendb = alloc_touched(max_elems * es + 64, shared), recvb = alloc_touched(max_elems * es + 64, shared);
   if (!sendb || !recvb) {
     fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, max_elems * es);
     return finish(1);

@@ -78,6 +78,9 @@ void print_usage(FILE* out, const char* prog) {
           "  -a, --average 0/1/2/3   time reported across ranks: 0=rank 0, 1=average, 2=min, 3=max (default 1)\n"
           "  -T, --timeout SECONDS   deadline of every wait; a hung operation fails (default LOOM_TIMEOUT)\n"
           "  -J, --output_file FILE  also write the results as JSON to FILE\n"
+          "  -R, --local_register 0/1/2  1 or 2: send and receive buffers from loom::mem_alloc (as\n"
+          "                          ncclMemAlloc): peers on this host map them and read them with plain\n"
+          "                          loads instead of process_vm_readv (default 0: aligned_alloc)\n"
           "Loom options:\n"
           "  -A, --algo ALGO         force the algorithm (sets LOOM_ALGO=<collective>:ALGO before the\n"
           "                          communicator is created; a full LOOM_ALGO spec is passed as is)\n"
@@ -207,7 +210,10 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
       }
       case 'J': o->json_file = optarg; break;
       case 'A': o->algo = optarg; break;
-      case 't': case 'g': case 'p': case 'G': case 'C': case 'R': case 'y': case 'N':
+      case 'R':
+        if (!parse_int(optarg, 0, 2, &o->local_register)) return bad("-R (0..2)", optarg);
+        break;
+      case 't': case 'g': case 'p': case 'G': case 'C': case 'y': case 'N':
         o->notes.push_back(std::string("-") + static_cast<char>(ch) + " " + optarg +
                            " ignored (GPU / thread option of nccl-tests; one Loom rank per process)");
         break;

@@ -4,7 +4,8 @@
 // meanings and defaults as nccl-tests; -t/-g/-p/-G/-C/-R/-y/-N are accepted
 // for scripts written for nccl-tests and ignored with a note, since a Loom
 // rank is a process). Loom flags: -A ALGO, --sizes LIST, --json[=FILE],
-// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway, --fresh.
+// --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway, --fresh,
+// and -R (buffers from loom::mem_alloc).
 #pragma once
 
 #include <cstddef>
@@ -64,6 +65,10 @@ struct Options {
   // activations anew between calls, so the peer reads lines another core
   // has just written (2-3x dearer here at 16 KiB - 256 KiB). Needs -z 1.
   bool fresh = false;
+  // -R 1|2 (nccl-tests: register the buffers with the communicator): send
+  // and receive buffers come from loom::mem_alloc, which peers of this host
+  // map and read with plain loads instead of process_vm_readv.
+  int local_register = 0;
   std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
 };
 

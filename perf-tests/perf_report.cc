@@ -73,6 +73,9 @@ void Report::begin(const std::vector<std::string>& extra) {
   }
   if (o.blocking) printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
   if (o.fresh) printf("# Fresh inputs: the send buffer is rewritten before every operation (untimed)\n");
+  if (o.local_register)
+    printf("# Buffers: loom::mem_alloc (-R %d): peers map them and read them without process_vm_readv\n",
+           o.local_register);
   for (const auto& n : o.notes) printf("# Note: %s\n", n.c_str());
   for (const auto& l : extra) printf("# %s\n", l.c_str());
   printf("#\n");
@@ -151,6 +154,7 @@ std::string Report::json_text(double wrong_total) const {
               {"average", static_cast<int>(o.average)},
               {"blocking", o.blocking},
               {"fresh", o.fresh},
+              {"local_register", o.local_register},
               {"check", o.check},
               {"results", results},
               {"out_of_bounds", wrong_total},

@@ -196,6 +196,23 @@ TEST_F(PerfCli, FreshInputs) {
   EXPECT_NE(bad.out.find("--fresh needs -z 1"), std::string::npos) << bad.out;
 }
 
+// -R 1 (nccl-tests' buffer registration): buffers from loom::mem_alloc,
+// said in the header; single-copy sizes, verified, with -R 0 and 3 refused
+// or accepted as nccl-tests' range is.
+TEST_F(PerfCli, MemAllocBuffers) {
+  for (const char* coll : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
+    Outcome r = run(loomrun(2) + coll + " -R 1 -b 256K -e 1M -f 4 -n 3 -w 1 -c 1");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("# Buffers: loom::mem_alloc (-R 1)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+    EXPECT_EQ(table_rows(r.out).size(), 2u) << r.out;
+  }
+  Outcome plain = run(loomrun(2) + "all_reduce_perf -R 0 -b 8 -e 8 -n 1 -w 0");
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("# Buffers"), std::string::npos) << plain.out;
+  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -R 3").rc, 2);
+}
+
 TEST_F(PerfCli, BadArgumentsAreRejected) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f 1").rc, 2);
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -a 7").rc, 2);
