@@ -4,7 +4,7 @@
 #   perf-tests/compare.sh [--quick] [--build DIR] [--ranks "2 4 8"]
 #                         [--colls "allreduce reduce_scatter all_gather broadcast"]
 #                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
-#                         [--loom-nonblocking] [--rounds N] [--fresh]
+#                         [--loom-nonblocking] [--rounds N] [--fresh] [--mem-alloc]
 #
 # For every collective and rank count (ranks beyond the cores are
 # oversubscribed) it runs the same size sweep with
@@ -37,6 +37,10 @@
 # then round 2, ...), and keeps each library's best round per size: with ranks
 # oversubscribed one run of a small size moves 1.2-2x between runs, for the
 # peers as for Loom, and one load burst then decides a ratio.
+# --mem-alloc also runs Loom with its buffers from loom::mem_alloc (-R 1, as
+# ncclMemAlloc gives them: peers map them instead of reading them with
+# process_vm_readv), as a second Loom column "loom-ma" with its own ratio. The
+# MPIs' buffers are ordinary memory either way.
 # The summary alone can be recomputed from a raw.csv: --summarize DIR.
 set -uo pipefail
 
@@ -52,6 +56,7 @@ SUMMARIZE=""
 LOOM_MODE=(-z 1)
 ROUNDS=1
 FRESH=0
+MEM_ALLOC=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -65,7 +70,8 @@ while [ $# -gt 0 ]; do
     --loom-nonblocking) LOOM_MODE=() ;;
     --rounds) ROUNDS="$2"; shift ;;
     --fresh) FRESH=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --mem-alloc) MEM_ALLOC=1 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -110,6 +116,7 @@ fi
 echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
 echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept)" | tee -a "$OUT/summary.md"
 echo "# Loom launched by $LAUNCHER" | tee -a "$OUT/summary.md"
+[ "$MEM_ALLOC" = 1 ] && echo "# loom-ma: Loom with its buffers from loom::mem_alloc (-R 1); the peers' buffers are ordinary memory" | tee -a "$OUT/summary.md"
 [ "$FRESH" = 1 ] && echo "# fresh inputs: every input rewritten before each timed call (--fresh); Gloo left out" | tee -a "$OUT/summary.md"
 echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
@@ -136,9 +143,9 @@ take_peer() { awk -F, 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9}' "
 # operation: MPI_Allreduce/Reduce_scatter/Allgather get separate send and receive buffers (out of
 # place), MPI_Bcast has one buffer (in place: the root does not copy its input to an output).
 take_loom() {
-  awk -F, -v coll="$1" 'NR>1 && NF>=15 {
-    if (coll == "broadcast") print "loom,"$1","$2","$3","$12","$14","($15==""?0:$15)
-    else print "loom,"$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
+  awk -F, -v coll="$1" -v impl="${2:-loom}" 'NR>1 && NF>=15 {
+    if (coll == "broadcast") print impl","$1","$2","$3","$12","$14","($15==""?0:$15)
+    else print impl","$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
 
 for ((round = 1; round <= ROUNDS; round++)); do
 for n in $RANKS; do
@@ -161,6 +168,10 @@ for n in $RANKS; do
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
           --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -c $check --csv && take_loom "$coll"
+      if [ "$MEM_ALLOC" = 1 ]; then
+        run "loom-ma $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
+            --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv && take_loom "$coll" loom-ma
+      fi
       if [ $HAVE_OMPI = 1 ]; then
         run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
             "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_FRESH[@]}" -l ompi && take_peer
@@ -277,9 +288,11 @@ def human(b):
     for unit, v in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= v and b % v == 0: return f"{b // v} {unit}"
     return f"{b} B"
-impls = [i for i in ("loom", "ompi", "mpich", "gloo") if any(i in d for d in data.values())]
+impls = [i for i in ("loom", "loom-ma", "ompi", "mpich", "gloo") if any(i in d for d in data.values())]
+ma = "loom-ma" in impls
 print("\nbusbw in GB/s (decimal); sizes below 64 KiB show the time per operation in us instead.")
 print("ratio = Loom / best of Open MPI and MPICH (busbw; > 1: Loom is faster). 'x' marks a wrong result.")
+if ma: print("loom-ma: Loom with buffers from loom::mem_alloc (-R 1); ratio-ma = loom-ma / best MPI.")
 print("Loom's out-of-place column, except broadcast: in place, the same call as MPI_Bcast (one buffer).\n")
 colls = []
 for (c, n, s) in data:
@@ -288,7 +301,7 @@ order = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
 for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     model = c == "allreduce" and n == 2 and mem
     bounded = any(copy_bound(c, n, s) for (cc, nn, s) in data if cc == c and nn == n and s >= 65536)
-    head = ["size"] + impls + ["ratio"] + (["model", "loom/model"] if model else []) + \
+    head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["model", "loom/model"] if model else []) + \
            (["copy bound", "loom/bound", "target", "target/bound"] if bounded else [])
     print(f"### {c}, {n} ranks\n")
     print("| " + " | ".join(head) + " |")
@@ -304,6 +317,7 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         row = [human(s)] + [cell(i) for i in impls]
         mpis = [d[i][1] for i in ("ompi", "mpich") if i in d and d[i][1] > 0]
         row.append(f"{d['loom'][1] / max(mpis):.2f}" if "loom" in d and mpis else "-")
+        if ma: row.append(f"{d['loom-ma'][1] / max(mpis):.2f}" if "loom-ma" in d and mpis else "-")
         if model:
             m = mem.get(s)
             row += [f"{m[2]:.2f}" if m else "-", f"{d['loom'][1] / m[2]:.0%}" if m and "loom" in d else "-"]

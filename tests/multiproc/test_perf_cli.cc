@@ -364,6 +364,22 @@ TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
   EXPECT_NE(r.out.find("memory reference at the collectives' footprints"), std::string::npos) << r.out;
 }
 
+// compare.sh --mem-alloc records Loom with mem_alloc buffers as "loom-ma":
+// its own column and its own ratio against the same MPI numbers.
+TEST_F(PerfCli, CompareShowsTheMemAllocColumnAndRatio) {
+  Outcome r = summarize("loom,allreduce,2,16777216,4000,4.2,0\nloom-ma,allreduce,2,16777216,2000,8.4,0\n"
+                        "ompi,allreduce,2,16777216,8000,2.1,0\n",
+                        "");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto row = summary_row(r.out, "allreduce, 2 ranks", "16 MiB");
+  ASSERT_GE(row.size(), 6u) << r.out;
+  EXPECT_EQ(row[1], "4.20");
+  EXPECT_EQ(row[2], "8.40");
+  EXPECT_EQ(row[4], "2.00");  // loom / ompi
+  EXPECT_EQ(row[5], "4.00");  // loom-ma / ompi
+  EXPECT_NE(r.out.find("ratio-ma"), std::string::npos) << r.out;
+}
+
 // mpi_bench, compare.sh's Open MPI side: the CSV row verifies, with and
 // without -f (fresh inputs, as --fresh), and a bad flag prints the usage.
 TEST_F(PerfCli, MpiBenchRunsWithFreshInputs) {
