@@ -4,7 +4,7 @@
 #   perf-tests/compare.sh [--quick] [--build DIR] [--ranks "2 4 8"]
 #                         [--colls "allreduce reduce_scatter all_gather broadcast"]
 #                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
-#                         [--loom-nonblocking] [--rounds N] [--fresh] [--mem-alloc]
+#                         [--loom-nonblocking] [--rounds N] [--fresh] [--mem-alloc] [--thp]
 #
 # For every collective and rank count (ranks beyond the cores are
 # oversubscribed) it runs the same size sweep with
@@ -41,6 +41,9 @@
 # ncclMemAlloc gives them: peers map them instead of reading them with
 # process_vm_readv), as a second Loom column "loom-ma" with its own ratio. The
 # MPIs' buffers are ordinary memory either way.
+# --thp gives Loom's and both MPIs' buffers transparent huge pages (Loom's
+# --thp, mpi_bench -H): a single-copy read then pins one page per 2 MiB
+# instead of 512. Gloo's benchmark has no such mode and is left out then.
 # The summary alone can be recomputed from a raw.csv: --summarize DIR.
 set -uo pipefail
 
@@ -57,6 +60,7 @@ LOOM_MODE=(-z 1)
 ROUNDS=1
 FRESH=0
 MEM_ALLOC=0
+THP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -71,7 +75,8 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift ;;
     --fresh) FRESH=1 ;;
     --mem-alloc) MEM_ALLOC=1 ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    --thp) THP=1 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -106,16 +111,23 @@ HAVE_OMPI=0; HAVE_MPICH=0; HAVE_GLOO=0
 [ -x "$BIN/mpi_bench" ] && command -v mpirun.openmpi >/dev/null && HAVE_OMPI=1
 [ -x "$BIN/mpi_bench_mpich" ] && command -v mpirun.mpich >/dev/null && HAVE_MPICH=1
 [ -x "$BIN/gloo_bench" ] && HAVE_GLOO=1
-MPI_FRESH=()
+MPI_OPTS=()
 if [ "$FRESH" = 1 ]; then
   [ "${LOOM_MODE[*]}" = "-z 1" ] || { echo "compare.sh: --fresh needs blocking Loom runs (drop --loom-nonblocking)" >&2; exit 2; }
   LOOM_MODE+=(--fresh)
-  MPI_FRESH=(-f)
+  MPI_OPTS=(-f)
   HAVE_GLOO=0  # gloo_bench has no fresh-input mode
 fi
 echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
 echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept)" | tee -a "$OUT/summary.md"
 echo "# Loom launched by $LAUNCHER" | tee -a "$OUT/summary.md"
+LOOM_THP=()
+if [ "$THP" = 1 ]; then
+  LOOM_THP=(--thp)
+  MPI_OPTS+=(-H)
+  HAVE_GLOO=0  # gloo_bench has no huge-page mode
+  echo "# transparent huge pages for Loom's and the MPIs' buffers (--thp, mpi_bench -H); Gloo left out" | tee -a "$OUT/summary.md"
+fi
 [ "$MEM_ALLOC" = 1 ] && echo "# loom-ma: Loom with its buffers from loom::mem_alloc (-R 1); the peers' buffers are ordinary memory" | tee -a "$OUT/summary.md"
 [ "$FRESH" = 1 ] && echo "# fresh inputs: every input rewritten before each timed call (--fresh); Gloo left out" | tee -a "$OUT/summary.md"
 echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
@@ -167,18 +179,18 @@ for n in $RANKS; do
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -c $check --csv && take_loom "$coll"
+          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" "${LOOM_THP[@]}" -c $check --csv && take_loom "$coll"
       if [ "$MEM_ALLOC" = 1 ]; then
         run "loom-ma $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
             --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv && take_loom "$coll" loom-ma
       fi
       if [ $HAVE_OMPI = 1 ]; then
         run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
-            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_FRESH[@]}" -l ompi && take_peer
+            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_OPTS[@]}" -l ompi && take_peer
       fi
       if [ $HAVE_MPICH = 1 ]; then
         run "mpich $coll n=$n $part" mpirun.mpich -np "$n" \
-            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_FRESH[@]}" -l mpich && take_peer
+            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_OPTS[@]}" -l mpich && take_peer
       fi
       if [ $HAVE_GLOO = 1 ]; then
         store="$(mktemp -d)"

@@ -7,13 +7,17 @@
  * time averaged over ranks, one verification run per size after timing.
  *
  * usage: mpirun -np N mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast
- *            [-s 8,4K,1M] [-n iters] [-w warmup] [-l label] [-f]
+ *            [-s 8,4K,1M] [-n iters] [-w warmup] [-l label] [-f] [-H]
  * -f: fresh inputs, as the *_perf binaries' --fresh: the input (the broadcast
  * buffer at the root) is rewritten before every timed call, and only the
  * calls are timed.
+ * -H: buffers in whole 2 MiB pages advised as transparent huge pages, as the
+ * *_perf binaries' --thp (single-copy reads pin one page per 2 MiB).
  * Output (rank 0): CSV impl,coll,nranks,size,count,time_us,algbw,busbw,wrong */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
 #include <mpi.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +61,12 @@ int main(int argc, char** argv) {
   int n, rank;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int coll = -1, iters = 20, warmup = 5, fresh = 0;
+  int coll = -1, iters = 20, warmup = 5, fresh = 0, thp = 0;
   const char* label = "mpi";
   const char* names[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast"};
   char sizes_arg[1024] = "8,4K,64K,1M,4M,16M,64M,256M";
   int opt;
-  while ((opt = getopt(argc, argv, "c:s:n:w:l:f")) != -1) {
+  while ((opt = getopt(argc, argv, "c:s:n:w:l:fH")) != -1) {
     switch (opt) {
       case 'c':
         for (int i = 0; i < 4; ++i)
@@ -73,11 +77,12 @@ int main(int argc, char** argv) {
       case 'w': warmup = atoi(optarg); break;
       case 'l': label = optarg; break;
       case 'f': fresh = 1; break;
+      case 'H': thp = 1; break;
       default: coll = -2; break;
     }
   }
   if (coll < 0 || iters < 1 || warmup < 0) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast [-s LIST] [-n N] [-w N] [-l label] [-f]\n");
+    if (rank == 0) fprintf(stderr, "usage: mpi_bench -c allreduce|reduce_scatter|all_gather|broadcast [-s LIST] [-n N] [-w N] [-l label] [-f] [-H]\n");
     MPI_Finalize();
     return 2;
   }
@@ -96,14 +101,26 @@ int main(int argc, char** argv) {
   }
   /* Both buffers hold the largest "size" (the largest of send and receive). */
   size_t max_elems = max_bytes / sizeof(float) + 16;
-  float* send = malloc(max_elems * sizeof(float));
-  float* recv = malloc(max_elems * sizeof(float));
+  size_t buf_bytes = max_elems * sizeof(float);
+  float* send = NULL;
+  float* recv = NULL;
+  if (thp) {
+    const size_t huge = (size_t)2 << 20;
+    buf_bytes = (buf_bytes + huge - 1) / huge * huge;
+    if (posix_memalign((void**)&send, huge, buf_bytes) != 0) send = NULL;
+    if (posix_memalign((void**)&recv, huge, buf_bytes) != 0) recv = NULL;
+    if (send) madvise(send, buf_bytes, MADV_HUGEPAGE);
+    if (recv) madvise(recv, buf_bytes, MADV_HUGEPAGE);
+  } else {
+    send = malloc(buf_bytes);
+    recv = malloc(buf_bytes);
+  }
   if (!send || !recv) {
     fprintf(stderr, "mpi_bench: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  memset(send, 0, max_elems * sizeof(float));
-  memset(recv, 0, max_elems * sizeof(float));
+  memset(send, 0, buf_bytes);
+  memset(recv, 0, buf_bytes);
   if (rank == 0) printf("impl,coll,nranks,size,count,time_us,algbw,busbw,wrong\n");
   for (int si = 0; si < nsizes; ++si) {
     size_t total = sizes[si] / sizeof(float), per = total / (size_t)n;

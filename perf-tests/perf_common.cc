@@ -1,5 +1,6 @@
 #include "perf_common.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,8 +38,14 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
 
-Buffer alloc_touched(size_t bytes, bool shared) {
-  const size_t rounded = std::max<size_t>((bytes + 4095) / 4096 * 4096, 4096);
+// --thp: whole 2 MiB pages, advised as transparent huge pages before the
+// first touch (the kernel's khugepaged setting "madvise"; "always" gives
+// them anyway, "never" not at all: thp_bytes() says what was obtained).
+constexpr size_t kHugePage = 2 << 20;
+
+Buffer alloc_touched(size_t bytes, bool shared, bool thp) {
+  const size_t align = thp ? kHugePage : 4096;
+  const size_t rounded = std::max<size_t>((bytes + align - 1) / align * align, align);
   std::byte* p = nullptr;
   if (shared) {
     Result<void*> r = mem_alloc(rounded);
@@ -48,10 +55,23 @@ Buffer alloc_touched(size_t bytes, bool shared) {
     }
     p = static_cast<std::byte*>(*r);
   } else {
-    p = static_cast<std::byte*>(std::aligned_alloc(4096, rounded));
+    p = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
+    if (p && thp) (void)madvise(p, rounded, MADV_HUGEPAGE);
   }
   if (p) std::memset(p, 1, rounded);  // fault the pages in before timing
   return Buffer(p, FreeDeleter{shared});
+}
+
+// Bytes of this process's anonymous memory in transparent huge pages.
+size_t thp_bytes() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
 }
 
 // Combines a per-rank value across ranks with the communicator itself
@@ -310,6 +330,29 @@ int perf_main(int argc, char** argv, Bench bench) {
   if (o.oneway)
     lines.push_back(std::string("Pattern: one way (--oneway): even ranks send to rank + 1, odd ranks receive") +
                     (o.average == Average::kMax ? "; times: slowest rank" : ""));
+  const std::vector<size_t> sizes = sweep_sizes(o);
+  const size_t es = dtype_size(o.dt);
+  size_t max_elems = 0;
+  for (size_t bytes : sizes) {
+    Shape s = shape_for(bench, bytes, es, n);
+    max_elems = std::max({max_elems, s.send_count, s.recv_count});
+  }
+  const bool shared = o.local_register > 0;
+  const size_t huge_before = o.thp ? thp_bytes() : 0;
+  Buffer sendb = alloc_touched(max_elems * es + 64, shared, o.thp),
+         recvb = alloc_touched(max_elems * es + 64, shared, o.thp);
+  if (!sendb || !recvb) {
+    fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, max_elems * es);
+    return finish(1);
+  }
+  if (o.thp) {
+    const size_t got = thp_bytes() - std::min(thp_bytes(), huge_before);
+    char line[200];
+    snprintf(line, sizeof line, "Buffers: transparent huge pages advised (--thp): %.1f of %.1f MiB in huge pages on rank %d",
+             static_cast<double>(got) / (1 << 20),
+             2.0 * static_cast<double>((max_elems * es + 64 + kHugePage - 1) / kHugePage * kHugePage) / (1 << 20), rank);
+    lines.push_back(line);
+  }
   Report report(info);
   if (print) report.begin(lines);
 
@@ -319,20 +362,6 @@ int perf_main(int argc, char** argv, Bench bench) {
       report.finish(0, false);
     }
     return finish(0);
-  }
-
-  const std::vector<size_t> sizes = sweep_sizes(o);
-  const size_t es = dtype_size(o.dt);
-  size_t max_elems = 0;
-  for (size_t bytes : sizes) {
-    Shape s = shape_for(bench, bytes, es, n);
-    max_elems = std::max({max_elems, s.send_count, s.recv_count});
-  }
-  const bool shared = o.local_register > 0;
-  Buffer sendb = alloc_touched(max_elems * es + 64, shared), recvb = alloc_touched(max_elems * es + 64, shared);
-  if (!sendb || !recvb) {
-    fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, max_elems * es);
-    return finish(1);
   }
   Context ctx{comm, bench, o, sendb.get(), recvb.get(), {}};
   Control ctl(comm);

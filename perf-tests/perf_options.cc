@@ -97,6 +97,8 @@ void print_usage(FILE* out, const char* prog) {
           "      --fresh             rewrite the send buffer before every operation, untimed, as a\n"
           "                          training step does between calls (nccl-tests reuses one unchanged\n"
           "                          input, which flatters single-copy transports); needs -z 1\n"
+          "      --thp               buffers in 2 MiB pages advised as transparent huge pages (the\n"
+          "                          header says how much the kernel gave); not with -R\n"
           "  -h, --help\n"
           "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
           prog);
@@ -119,7 +121,7 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway, kFresh };
+enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway, kFresh, kThp };
 
 }  // namespace
 
@@ -156,6 +158,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
                                     {"progress", no_argument, nullptr, kProgress},
                                     {"oneway", no_argument, nullptr, kOneway},
                                     {"fresh", no_argument, nullptr, kFresh},
+                                    {"thp", no_argument, nullptr, kThp},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
   const char* prog = argv[0];
@@ -234,6 +237,7 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         o->oneway = true;
         break;
       case kFresh: o->fresh = true; break;
+      case kThp: o->thp = true; break;
       case 'h': print_usage(stdout, prog); return 0;
       default: print_usage(stderr, prog); return 2;
     }
@@ -247,6 +251,10 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
   if (o->oneway && !average_given) o->average = Average::kMax;
   if (o->sizes.empty() && o->max_bytes < o->min_bytes) {
     fprintf(stderr, "%s: invalid sizes: -b %zu > -e %zu\n", prog, o->min_bytes, o->max_bytes);
+    return 2;
+  }
+  if (o->thp && o->local_register) {
+    fprintf(stderr, "%s: --thp is for ordinary buffers; -R's come from loom::mem_alloc (shared memory)\n", prog);
     return 2;
   }
   if (o->fresh && !o->blocking) {

@@ -69,6 +69,9 @@ struct Options {
   // and receive buffers come from loom::mem_alloc, which peers of this host
   // map and read with plain loads instead of process_vm_readv.
   int local_register = 0;
+  // --thp: buffers in whole 2 MiB pages, advised as transparent huge pages
+  // (madvise); a single-copy read pins one page per 2 MiB instead of 512.
+  bool thp = false;
   std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
 };
 

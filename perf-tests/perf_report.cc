@@ -155,6 +155,7 @@ std::string Report::json_text(double wrong_total) const {
               {"blocking", o.blocking},
               {"fresh", o.fresh},
               {"local_register", o.local_register},
+              {"thp", o.thp},
               {"check", o.check},
               {"results", results},
               {"out_of_bounds", wrong_total},

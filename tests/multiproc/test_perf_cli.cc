@@ -213,6 +213,20 @@ TEST_F(PerfCli, MemAllocBuffers) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -R 3").rc, 2);
 }
 
+// --thp: buffers advised as transparent huge pages; the header says how much
+// the kernel gave (any amount: the system setting decides), results verify.
+TEST_F(PerfCli, HugePageBuffers) {
+  Outcome r = run(loomrun(2) + "all_reduce_perf --thp -b 1M -e 4M -f 4 -n 3 -w 1 -c 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Buffers: transparent huge pages advised (--thp): "), std::string::npos) << r.out;
+  // Two buffers of 4 MiB + 64 B, each rounded up to whole 2 MiB pages: 2 x 6 MiB.
+  EXPECT_NE(r.out.find(" of 12.0 MiB in huge pages on rank 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  Outcome both = run(bin_dir() + "/all_reduce_perf --thp -R 1");
+  EXPECT_EQ(both.rc, 2);
+  EXPECT_NE(both.out.find("--thp is for ordinary buffers"), std::string::npos) << both.out;
+}
+
 TEST_F(PerfCli, BadArgumentsAreRejected) {
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f 1").rc, 2);
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -a 7").rc, 2);
@@ -386,7 +400,7 @@ TEST_F(PerfCli, MpiBenchRunsWithFreshInputs) {
   if (system("command -v mpirun.openmpi > /dev/null 2>&1") != 0) GTEST_SKIP() << "no Open MPI mpirun";
   if (!have("mpi_bench")) GTEST_SKIP() << "mpi_bench not built (no MPI found by CMake)";
   const std::string mpirun = "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 " + bin_dir() + "/mpi_bench ";
-  for (const char* extra : {"", " -f"}) {
+  for (const char* extra : {"", " -f", " -H"}) {
     for (const char* coll : {"allreduce", "broadcast"}) {
       Outcome r = run(mpirun + "-c " + coll + " -s 4K,64K -n 3 -w 1" + extra);
       ASSERT_EQ(r.rc, 0) << r.out;
