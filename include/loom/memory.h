@@ -14,6 +14,10 @@
 // LOOM_SHM_MAP_SHARED=0) the transport falls back to process_vm_readv.
 // ncclMemAlloc / ncclMemFree in the NCCL shim allocate host memory this way.
 //
+// Each buffer holds a file descriptor and a mapping until it is freed: use it
+// for the few large buffers collectives move (messages from 256 KiB go single
+// copy), not for every small allocation.
+//
 // A freed buffer's memory is released once every peer has dropped its
 // mapping: a peer drops its mappings of a process that freed one when its
 // next message from that process arrives, or when it maps more than
