@@ -155,6 +155,52 @@ void one_message(const char* map_shared, bool expect_mapped) {
 }
 
 TEST(SharedBuffers, AMessageFromAMemAllocBufferIsReadThroughAMapping) { one_message("1", true); }
+
+// The descriptor names the buffer's file by its number in the sender. If
+// that number no longer refers to the buffer's file (here: another buffer's
+// file of the same size, put in its place with dup2), the receiver must
+// notice (inode check) and read the message by process_vm_readv, getting the
+// right bytes and not the other buffer's.
+TEST(SharedBuffers, AFileNumberThatNoLongerNamesTheBufferIsNotMapped) {
+  run_ranks(2, [](int r, Comm& comm, std::string* err) {
+    constexpr size_t kCount = 1 << 18;  // floats
+    std::vector<float> heap(kCount, 0.0f);
+    float* src = nullptr;
+    float* decoy = nullptr;
+    if (r == 0) {
+      Result<void*> p = mem_alloc(kCount * sizeof(float));
+      Result<void*> q = mem_alloc(kCount * sizeof(float));
+      if (!p.is_ok() || !q.is_ok()) return *err = "mem_alloc failed", false;
+      src = static_cast<float*>(*p);
+      decoy = static_cast<float*>(*q);
+      for (size_t i = 0; i < kCount; ++i) src[i] = static_cast<float>(i % 777);
+      for (size_t i = 0; i < kCount; ++i) decoy[i] = -1.0f;
+      auto ref = shared_buffers::find(src, kCount * sizeof(float));
+      auto other = shared_buffers::find(decoy, kCount * sizeof(float));
+      if (!ref || !other || dup2(other->fd, ref->fd) < 0) return *err = "could not replace the buffer's file", false;
+    }
+    const uint64_t single0 = ShmTransport::single_copy_messages(), mapped0 = ShmTransport::mapped_messages();
+    comm.group_start();
+    if (r == 0) (void)comm.send(src, kCount, DataType::kFloat32, 1);
+    else (void)comm.recv(heap.data(), kCount, DataType::kFloat32, 0);
+    Result<Work> w = comm.group_end();
+    Status st = w.is_ok() ? w->wait() : w.status();
+    if (r == 0) {
+      (void)mem_free(src);  // closes the decoy's second descriptor; src's mapping did not need its own
+      (void)mem_free(decoy);
+    }
+    if (!st.is_ok()) return *err = st.to_string(), false;
+    if (r == 0) return true;
+    for (size_t i = 0; i < kCount; ++i)
+      if (heap[i] != static_cast<float>(i % 777))
+        return *err = "element " + std::to_string(i) + " = " + std::to_string(heap[i]), false;
+    const uint64_t single = ShmTransport::single_copy_messages() - single0;
+    const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
+    if (single != 1 || mapped != 0)
+      return *err = "single-copy messages " + std::to_string(single) + ", mapped " + std::to_string(mapped), false;
+    return true;
+  });
+}
 TEST(SharedBuffers, MappingOffReadsItByReadv) { one_message("0", false); }
 
 // The sender frees its buffer after each message and allocates a new one,
