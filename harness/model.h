@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/memory.h"
 #include "loom/status.h"
 
 namespace loom::harness {
@@ -89,7 +90,11 @@ class Gpt {
   size_t num_params() const { return num_params_; }  // without padding
 
   std::vector<F>& params() { return params_; }
-  std::vector<F>& grads() { return grads_; }
+  // Gradients live in loom::mem_alloc memory (large buffers): the dp
+  // allreduce / reduce_scatter peers on this host read them through a
+  // mapping instead of process_vm_readv (include/loom/memory.h).
+  using GradVec = std::vector<F, loom::MemAllocator<F>>;
+  GradVec& grads() { return grads_; }
   const std::vector<F>& params() const { return params_; }
 
   // Copies this shard's slices out of / into a canonical full-model buffer.
@@ -148,7 +153,8 @@ class Gpt {
   Shard shard_;
   std::vector<TensorInfo> tensors_;
   size_t num_params_ = 0;
-  std::vector<F> params_, grads_;
+  std::vector<F> params_;
+  GradVec grads_;
   Range wte_, wpe_, lnf_;
   std::vector<size_t> layer_offset_;  // local offset of each owned layer's block
   std::vector<Range> buckets_;

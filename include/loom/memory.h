@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
 
 #include "loom/status.h"
 
@@ -35,5 +36,36 @@ Result<void*> mem_alloc(size_t bytes);
 // Frees memory from mem_alloc; nullptr is a no-op. kInvalidArgument for a
 // pointer mem_alloc did not return (or one already freed).
 Status mem_free(void* p);
+
+// Allocations of at least this many bytes are worth a mem_alloc buffer
+// (single-copy message size); smaller ones never cross by single copy.
+inline constexpr size_t kMemAllocMinBytes = size_t{256} << 10;
+
+// A standard allocator for containers whose data collectives move, e.g.
+// std::vector<float, loom::MemAllocator<float>> grads: blocks of at least
+// kMemAllocMinBytes come from mem_alloc (zero-filled), smaller ones (and any
+// mem_alloc failure) from operator new.
+template <class T>
+struct MemAllocator {
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "over-aligned types are not supported");
+  using value_type = T;
+  MemAllocator() = default;
+  template <class U>
+  MemAllocator(const MemAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+    if (n * sizeof(T) >= kMemAllocMinBytes) {
+      Result<void*> r = mem_alloc(n * sizeof(T));
+      if (r.is_ok()) return static_cast<T*>(*r);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) >= kMemAllocMinBytes && mem_free(p).is_ok()) return;
+    ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const MemAllocator<U>&) const noexcept { return true; }
+};
 
 }  // namespace loom

@@ -58,6 +58,28 @@ TEST(SharedBuffers, RegistryFindsWhatLiesInsideABuffer) {
   EXPECT_TRUE(mem_free(*b).is_ok());
 }
 
+// MemAllocator: containers of at least kMemAllocMinBytes live in mem_alloc
+// memory, smaller ones on the heap; growing one moves it to a new buffer and
+// frees the old one.
+TEST(SharedBuffers, MemAllocatorPutsLargeContainersInSharedMemory) {
+  using Vec = std::vector<float, MemAllocator<float>>;
+  const size_t big_count = kMemAllocMinBytes / sizeof(float);
+  Vec big(big_count, 1.0f), small(big_count - 1, 2.0f);
+  EXPECT_TRUE(shared_buffers::find(big.data(), big.size() * sizeof(float)).has_value());
+  EXPECT_FALSE(shared_buffers::find(small.data(), sizeof(float)).has_value());
+  const size_t live = shared_buffers::live();
+  const uint64_t releases = shared_buffers::releases();
+  big.resize(2 * big_count, 3.0f);
+  EXPECT_TRUE(shared_buffers::find(big.data(), big.size() * sizeof(float)).has_value());
+  EXPECT_EQ(shared_buffers::live(), live);  // one buffer for another
+  EXPECT_EQ(shared_buffers::releases(), releases + 1);
+  EXPECT_EQ(big[0], 1.0f);
+  EXPECT_EQ(big[2 * big_count - 1], 3.0f);
+  big.clear();
+  big.shrink_to_fit();
+  EXPECT_EQ(shared_buffers::live(), live - 1);
+}
+
 // Runs body(rank, comm, err) on n ranks as processes; body returns false
 // after writing what went wrong to err.
 void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body, const char* map_shared = "1") {

@@ -35,7 +35,7 @@ Batch small_batch() {
 // Gradients of `m`, written into the canonical layout (owned parts only).
 std::vector<float> full_grads(Gpt<double>& m, std::vector<float> into) {
   const std::vector<double> saved = m.params();
-  m.params() = m.grads();
+  m.params().assign(m.grads().begin(), m.grads().end());
   m.store_full(into.data(), /*owned_only=*/true);
   m.params() = saved;
   return into;
