@@ -53,7 +53,10 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_MAP_SHARED", "bool", "1",
        "A single-copy message from a buffer of loom::mem_alloc / ncclMemAlloc is read through a mapping of "
        "the sender's buffer (mapped once per buffer, pidfd_getfd + mmap) instead of by process_vm_readv per "
-       "message; 0 = always process_vm_readv. The receiving rank's setting decides."},
+       "message, from 256 KiB even where LOOM_SHM_SINGLE_COPY_* leave messages to the FIFO (a reduced message "
+       "between oversubscribed ranks: the receiver then reduces straight from the sender's buffer and the "
+       "sender copies nothing); 0 = no mapping, process_vm_readv as the thresholds say. The receiving rank's "
+       "setting decides."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},
@@ -233,6 +236,7 @@ int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }
 int shm_slots() { return static_cast<int>(env_int("LOOM_SHM_SLOTS", 1)); }
 int shm_map_shared() { return static_cast<int>(env_int("LOOM_SHM_MAP_SHARED", 1)); }
+uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }

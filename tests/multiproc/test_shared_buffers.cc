@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/test_util.h"
@@ -82,13 +83,17 @@ TEST(SharedBuffers, MemAllocatorPutsLargeContainersInSharedMemory) {
 
 // Runs body(rank, comm, err) on n ranks as processes; body returns false
 // after writing what went wrong to err.
-void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body, const char* map_shared = "1") {
+// `single_copy`: LOOM_SHM_SINGLE_COPY_BYTES (and, when "0", the plain
+// threshold too: single copy then only by mapping, Segment::map_min_bytes).
+void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body, const char* map_shared = "1",
+               const char* single_copy = "64K") {
   auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto results = testing::run_processes(n, [&](int r, int fd) {
     // Every message from 64 KiB single copy, reduced ones too (3 ranks on 2
     // cores would otherwise not read reduced messages single copy).
-    setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
+    setenv("LOOM_SHM_SINGLE_COPY_BYTES", single_copy, 1);
+    if (std::strcmp(single_copy, "0") == 0) setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "0", 1);
     setenv("LOOM_SHM_MAP_SHARED", map_shared, 1);
     auto comm = Comm::init_rank(*id, n, r);
     std::string err;
@@ -104,13 +109,18 @@ void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body,
   EXPECT_TRUE(testing::loom_shm_segments().empty());
 }
 
-class SharedMatrix : public ::testing::TestWithParam<int> {};
+// (ranks, thresholds): "64K" = process_vm_readv single copy from 64 KiB as
+// well; "0" = no process_vm_readv single copy: messages from 256 KiB carry a
+// header and go mapped when their buffer is mem_alloc memory (the case of
+// reduced messages between oversubscribed ranks), else through the FIFO
+// (algorithm scratch); both kinds occur in one run.
+class SharedMatrix : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 
 // Every collective, in and out of place, single-copy sizes and not, with
 // both buffers from mem_alloc: the results are checked in closed form, and
 // every rank read messages through mappings.
 TEST_P(SharedMatrix, EveryCollectiveReadsPeersThroughMappings) {
-  const int n = GetParam();
+  const int n = std::get<0>(GetParam());
   run_ranks(n, [n](int r, Comm& comm, std::string* err) {
     const uint64_t mapped0 = ShmTransport::mapped_messages();
     int k = 0;
@@ -136,11 +146,40 @@ TEST_P(SharedMatrix, EveryCollectiveReadsPeersThroughMappings) {
       return false;
     }
     return true;
-  });
+  }, "1", std::get<1>(GetParam()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, SharedMatrix, ::testing::Values(2, 3),
-                         [](const auto& info) { return "n" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, SharedMatrix,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("64K", "0")),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) +
+                                  (std::strcmp(std::get<1>(info.param), "0") == 0 ? "_mapped_only" : "_readv_too");
+                         });
+
+// A reduced message that the thresholds leave to the FIFO (here: reduced
+// single copy off, as between oversubscribed ranks) goes mapped when it lies
+// in mem_alloc memory: rank 1 reduces straight from rank 0's buffer. From a
+// heap buffer the same message comes through the FIFO behind its header.
+void reduced_message(bool shared) {
+  run_ranks(2, [shared](int r, Comm& comm, std::string* err) {
+    testing::Case cs;
+    cs.coll = Collective::kReduce;  // rank 1 sends its whole buffer to rank 0, which reduces it
+    cs.count = (size_t{1} << 18) + 7;
+    cs.root = 0;
+    cs.shared_buffers = shared;
+    const uint64_t single0 = ShmTransport::single_copy_messages(), mapped0 = ShmTransport::mapped_messages();
+    if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
+    if (r != 0) return true;
+    const uint64_t single = ShmTransport::single_copy_messages() - single0;
+    const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
+    if (shared ? (mapped == 0 || mapped != single) : (single != 0))
+      return *err = "single-copy messages " + std::to_string(single) + ", mapped " + std::to_string(mapped), false;
+    return true;
+  }, "1", "0");
+}
+
+TEST(SharedBuffers, AReducedMessageLeftToTheFifoGoesMappedFromAMemAllocBuffer) { reduced_message(true); }
+TEST(SharedBuffers, FromTheHeapItComesThroughTheFifoBehindItsHeader) { reduced_message(false); }
 
 // One 1 MiB message from a mem_alloc buffer into a heap buffer: read through
 // a mapping, as one single-copy message; with LOOM_SHM_MAP_SHARED=0 by

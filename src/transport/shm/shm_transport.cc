@@ -126,6 +126,7 @@ std::atomic<uint64_t> g_mapped_messages{0};
 // matters to a test that asks for > 0.
 void bump_test_counter(std::atomic<uint64_t>& c) { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 constexpr uint64_t kCmaMagic = 0x434d41444553431ull;
+constexpr uint64_t kInlineMagic = 0x494e4c494e45484dull;  // header of a message whose bytes follow in the FIFO
 constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
 constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
 
@@ -181,6 +182,12 @@ struct ShmTransport::Segment {
   uint64_t cma_plain_threshold;
   // Messages to this rank of at most this many bytes use the slots (0: none).
   uint64_t slot_max_bytes;
+  // Messages to this rank of at least this many bytes that the thresholds
+  // above leave to the FIFO start with a header (a CmaDescriptor): the
+  // sender's descriptor when the bytes lie in a mem_alloc buffer (read
+  // through a mapping), else a kInlineMagic marker before the bytes in the
+  // FIFO. UINT64_MAX: no such messages (mapping off or not permitted).
+  uint64_t map_min_bytes;
   uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
 
   FifoCtl* ctl(int from) {
@@ -366,11 +373,16 @@ class ShmConnection final : public Connection {
       out_total_ = msg_remaining;
       out_done_ = 0;
       out_cma_ = msg_remaining >= (send_reduced_ ? peer_->cma_threshold : peer_->cma_plain_threshold);
-      out_slot_ = !out_cma_ && msg_remaining <= peer_->slot_max_bytes;
+      // Past the receiver's map_min_bytes a message the thresholds leave to
+      // the FIFO is announced by a header: a descriptor if it can be mapped.
+      out_hdr_ = !out_cma_ && msg_remaining >= peer_->map_min_bytes;
+      if (out_hdr_ && shared_buffers::find(src, msg_remaining)) out_cma_ = true, out_hdr_ = false;
+      out_slot_ = !out_cma_ && !out_hdr_ && msg_remaining <= peer_->slot_max_bytes;
       out_desc_posted_ = false;
     }
     size_t n = out_slot_  ? send_slot(src, msg_remaining)
                : out_cma_ ? send_cma(src, msg_remaining)
+               : out_hdr_ ? send_inline(src, msg_remaining)
                           : send_fifo(src, msg_remaining);
     out_done_ += n;
     if (out_done_ == out_total_) out_total_ = 0;
@@ -382,6 +394,7 @@ class ShmConnection final : public Connection {
 
   std::span<const std::byte> recv_peek(size_t msg_remaining) override {
     begin_recv(msg_remaining);
+    if (in_hdr_ && !resolve_header()) return {};
     if (in_slot_) return peek_slot();
     if (!in_cma_) return peek_fifo(msg_remaining);
     if (!read_descriptor()) return {};
@@ -414,6 +427,7 @@ class ShmConnection final : public Connection {
 
   size_t recv_into(std::byte* dst, size_t msg_remaining) override {
     begin_recv(msg_remaining);
+    if (in_hdr_ && !resolve_header()) return 0;
     if (!in_cma_) return Connection::recv_into(dst, msg_remaining);
     if (!read_descriptor()) return 0;
     if (in_done_ == 0 && !push_pending_ && (desc_.flags & kCmaSenderCanPush) && in_total_ >= kPushMinBytes)
@@ -499,6 +513,23 @@ class ShmConnection final : public Connection {
     out_ctl_->tail.store(tail_, std::memory_order_release);
     peer_->ring_if_armed();
     return n;
+  }
+
+  // A message that could have gone mapped but lies in ordinary memory: the
+  // kInlineMagic header, then the bytes through the FIFO.
+  size_t send_inline(const std::byte* src, size_t msg_remaining) {
+    if (!out_desc_posted_) {
+      if (fifo_free(sizeof(CmaDescriptor)) < sizeof(CmaDescriptor)) return 0;
+      CmaDescriptor h{};
+      h.magic = kInlineMagic;
+      h.len = msg_remaining;
+      write_wrapped(reinterpret_cast<const std::byte*>(&h), sizeof(h));
+      tail_ += sizeof(h);
+      out_ctl_->tail.store(tail_, std::memory_order_release);
+      out_desc_posted_ = true;
+      peer_->ring_if_armed();
+    }
+    return send_fifo(src, msg_remaining);
   }
 
   size_t send_cma(const std::byte* src, size_t msg_remaining) {
@@ -600,7 +631,8 @@ class ShmConnection final : public Connection {
     in_done_ = 0;
     read_end_ = SIZE_MAX;
     in_cma_ = msg_remaining >= (recv_reduced_ ? self_->cma_threshold : self_->cma_plain_threshold);
-    in_slot_ = !in_cma_ && msg_remaining <= self_->slot_max_bytes;
+    in_hdr_ = !in_cma_ && msg_remaining >= self_->map_min_bytes;  // resolved by resolve_header()
+    in_slot_ = !in_cma_ && !in_hdr_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
   }
 
@@ -631,6 +663,24 @@ class ShmConnection final : public Connection {
 
   bool read_descriptor() {
     if (have_desc_) return true;
+    return take_header() && accept_descriptor();
+  }
+
+  // A message announced by a header (Segment::map_min_bytes): a descriptor
+  // makes it single copy, kInlineMagic a FIFO message whose bytes follow.
+  bool resolve_header() {
+    if (!take_header()) return false;
+    in_hdr_ = false;
+    if (desc_.magic == kInlineMagic && desc_.len == in_total_) {
+      in_cma_ = false;
+      return true;
+    }
+    in_cma_ = true;
+    return accept_descriptor();
+  }
+
+  // Reads the CmaDescriptor-sized header at head_ into desc_.
+  bool take_header() {
     note_need(head_ + sizeof(CmaDescriptor));
     uint64_t tail = in_ctl_->tail.load(std::memory_order_acquire);
     if (tail - head_ < sizeof(CmaDescriptor)) return false;
@@ -641,6 +691,10 @@ class ShmConnection final : public Connection {
     std::memcpy(d + first, in_data_, sizeof(CmaDescriptor) - first);
     head_ += sizeof(CmaDescriptor);
     in_ctl_->head.store(head_, std::memory_order_release);
+    return true;
+  }
+
+  bool accept_descriptor() {
     if (desc_.magic != kCmaMagic || desc_.len != in_total_) {
       cma_errno_ = EPROTO;  // streams out of step: reported by check_peer
       return false;
@@ -685,11 +739,13 @@ class ShmConnection final : public Connection {
   bool out_slot_ = false, in_slot_ = false;
   // Outgoing message state.
   size_t out_total_ = 0, out_done_ = 0;
-  bool out_cma_ = false, out_desc_posted_ = false;
+  bool out_cma_ = false, out_desc_posted_ = false;  // (out_desc_posted_: descriptor or inline header)
+  bool out_hdr_ = false;
   uint64_t out_ack_base_ = 0;
   // Incoming message state.
   size_t in_total_ = 0, in_done_ = 0;
   bool in_cma_ = false, have_desc_ = false;
+  bool in_hdr_ = false;  // a header says how this message comes (Segment::map_min_bytes)
   CmaDescriptor desc_{};
   std::unique_ptr<std::byte[]> stage_;
   int cma_errno_ = 0;
@@ -853,6 +909,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
+  self->map_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
   for (int i = 0; i < n; ++i) {
     new (&self->ctl(i)->tail) std::atomic<uint64_t>(0);
@@ -886,7 +943,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Single copy needs permission to read the peers' memory (same user, and no
   // Yama/seccomp restriction): probe every local peer; if one fails, messages
   // to this rank fall back to the FIFO path.
-  if (self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX) {
+  if (self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
+      self->map_min_bytes != UINT64_MAX) {
     for (int i = 0; i < n; ++i) {
       if (i == r || !t->segs_[i]) continue;
       uint64_t word = 0;
@@ -898,6 +956,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
                   err ? std::strerror(err) : "probe mismatch");
         self->cma_threshold = UINT64_MAX;
         self->cma_plain_threshold = UINT64_MAX;
+        self->map_min_bytes = UINT64_MAX;  // a mapping that fails falls back to the same reads
         break;
       }
     }
