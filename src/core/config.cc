@@ -25,7 +25,8 @@ std::vector<ParamInfo>& registry() {
        "(process_vm_readv, one copy instead of two); 0 disables. Applies to messages the receiver reduces; "
        "set, it is also the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: 256K when the host runs no more "
        "ranks than it has CPUs, else 0 (oversubscribed, the receiver's work is what counts, and single copy "
-       "does not reduce it)."},
+       "does not reduce it; messages from mem_alloc memory, Loom's scratch included, still go single copy through "
+       "a mapping: LOOM_SHM_MAP_SHARED)."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
        "Single-copy threshold for messages the receiver only stores (all_gather, broadcast, all_to_all, send/recv, "
        "exchanges of recursive doubling and one-shot allreduce); 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "

@@ -4,7 +4,9 @@
 
 #include <cstring>
 
+#include "core/shared_buffers.h"
 #include "kernels/host_reduce.h"
+#include "loom/memory.h"
 
 namespace loom {
 namespace {
@@ -20,13 +22,20 @@ class HostMemory final : public MemoryBackend {
   }
   void divide(void* dst, size_t count, DataType dt, uint64_t n) override { kernels::divide(dst, dst, count, dt, n); }
   Result<void*> allocate(size_t bytes) override {
+    // Scratch that messages leave from (ring partial sums, halving's working
+    // copy) in mem_alloc memory when it is large enough to be sent single
+    // copy: peers on this host then read it through a mapping, and between
+    // oversubscribed ranks a reduced message from it costs the sender no
+    // copy (Segment::map_min_bytes in the shm transport).
+    if (bytes >= kMemAllocMinBytes)
+      if (Result<void*> r = shared_buffers::allocate(bytes); r.is_ok()) return *r;
     // mmap: page-aligned, zero pages mapped lazily, returned to the OS on release.
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return system_error("allocating " + std::to_string(bytes) + " bytes of scratch", errno);
     return p;
   }
   void release(void* p, size_t bytes) override {
-    if (p) munmap(p, bytes);
+    if (p && !shared_buffers::release(p)) munmap(p, bytes);
   }
 };
 

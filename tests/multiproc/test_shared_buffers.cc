@@ -179,6 +179,24 @@ void reduced_message(bool shared) {
 }
 
 TEST(SharedBuffers, AReducedMessageLeftToTheFifoGoesMappedFromAMemAllocBuffer) { reduced_message(true); }
+
+// Loom's own scratch (the ring's partial sums) is mem_alloc memory once it is
+// large enough to be sent single copy: with ordinary user buffers a 3-rank
+// ring reduce_scatter still sends its partial sums mapped.
+TEST(SharedBuffers, ScratchPartialSumsAreSentMapped) {
+  setenv("LOOM_ALGO", "reduce_scatter:ring", 1);
+  run_ranks(3, [](int r, Comm& comm, std::string* err) {
+    testing::Case cs;
+    cs.coll = Collective::kReduceScatter;
+    cs.count = size_t{1} << 17;  // 512 KiB of floats per block
+    const uint64_t mapped0 = ShmTransport::mapped_messages();
+    if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
+    if (ShmTransport::mapped_messages() == mapped0)
+      return *err = "rank " + std::to_string(r) + " read no partial sum through a mapping", false;
+    return true;
+  }, "1", "0");
+  unsetenv("LOOM_ALGO");
+}
 TEST(SharedBuffers, FromTheHeapItComesThroughTheFifoBehindItsHeader) { reduced_message(false); }
 
 // One 1 MiB message from a mem_alloc buffer into a heap buffer: read through
