@@ -169,6 +169,26 @@ Status run_case(Comm& comm, const Case& c) {
   return Status::ok();
 }
 
+std::vector<Case> mixed_cases(int nranks, const std::vector<size_t>& counts, const std::vector<Collective>& colls,
+                              bool shared_buffers) {
+  std::vector<Case> cases;
+  int k = 0;
+  for (size_t count : counts) {
+    for (Collective c : colls) {
+      Case cs;
+      cs.coll = c;
+      cs.count = count;
+      cs.dt = (k % 2) ? DataType::kFloat32 : DataType::kInt8;
+      cs.in_place = (k % 3) == 1 && c != Collective::kSendRecv;
+      cs.root = k % nranks;
+      cs.shared_buffers = shared_buffers;
+      ++k;
+      cases.push_back(cs);
+    }
+  }
+  return cases;
+}
+
 std::vector<Case> correctness_matrix(int nranks, bool include_big) {
   std::vector<Case> out;
   const size_t kBig = (1u << 20) + 3;

@@ -51,6 +51,13 @@ std::vector<std::string> run_cases_on_threads(std::vector<std::unique_ptr<Comm>>
 // cases run at that size.
 std::vector<Case> correctness_matrix(int nranks, bool include_big);
 
+// Every count x collective in order, alternating int8 / float, one case in
+// three in place (not send/recv), the root cycling over the ranks: the mixed
+// sequences the transport tests run (message sizes on both sides of the
+// single-copy thresholds, FIFO wrap points moving between messages).
+std::vector<Case> mixed_cases(int nranks, const std::vector<size_t>& counts, const std::vector<Collective>& colls,
+                              bool shared_buffers = false);
+
 }  // namespace loom::testing
 
 namespace loom::testing {

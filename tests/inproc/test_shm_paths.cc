@@ -31,22 +31,9 @@ void run_mix(int n, const char* single_copy_bytes, const char* fifo_bytes) {
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
   // Sizes on both sides of the threshold, odd sizes that leave the FIFO
   // unaligned to the next message, and every collective that moves data.
-  std::vector<testing::Case> cases;
-  int k = 0;
-  for (size_t count : {size_t{3}, size_t{70001}, size_t{1} << 18, (size_t{1} << 20) + 3, size_t{5}}) {
-    for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast,
-                         Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}) {
-      testing::Case cs;
-      cs.coll = c;
-      cs.count = count;
-      cs.dt = (k % 2) ? DataType::kFloat32 : DataType::kInt8;
-      cs.in_place = (k % 3) == 1 && c != Collective::kSendRecv;
-      cs.root = k % n;
-      ++k;
-      cases.push_back(cs);
-    }
-  }
-  run_all(*comms, cases);
+  run_all(*comms, testing::mixed_cases(n, {3, 70001, size_t{1} << 18, (size_t{1} << 20) + 3, 5},
+                                       {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast,
+                                        Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}));
 }
 
 // Shared single copy: a root whose phase only sends writes half of each

@@ -123,22 +123,14 @@ TEST_P(SharedMatrix, EveryCollectiveReadsPeersThroughMappings) {
   const int n = std::get<0>(GetParam());
   run_ranks(n, [n](int r, Comm& comm, std::string* err) {
     const uint64_t mapped0 = ShmTransport::mapped_messages();
-    int k = 0;
-    for (size_t count : {size_t{3}, size_t{70001}, size_t{1} << 18, (size_t{1} << 18) + 5}) {
-      for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast, Collective::kReduce,
-                           Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}) {
-        testing::Case cs;
-        cs.coll = c;
-        cs.count = count;
-        cs.dt = (k % 2) ? DataType::kFloat32 : DataType::kInt8;
-        cs.in_place = (k % 3) == 1 && c != Collective::kSendRecv;
-        cs.root = k % n;
-        cs.shared_buffers = true;
-        ++k;
-        if (Status st = testing::run_case(comm, cs); !st.is_ok()) {
-          *err = st.to_string();
-          return false;
-        }
+    for (const testing::Case& cs :
+         testing::mixed_cases(n, {3, 70001, size_t{1} << 18, (size_t{1} << 18) + 5},
+                              {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast, Collective::kReduce,
+                               Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv},
+                              true)) {
+      if (Status st = testing::run_case(comm, cs); !st.is_ok()) {
+        *err = st.to_string();
+        return false;
       }
     }
     if (ShmTransport::mapped_messages() == mapped0) {
@@ -199,6 +191,29 @@ TEST(SharedBuffers, ScratchPartialSumsAreSentMapped) {
 }
 TEST(SharedBuffers, FromTheHeapItComesThroughTheFifoBehindItsHeader) { reduced_message(false); }
 
+// Rank 0 sends `count` floats from src to rank 1's dst, as one message.
+Status one_send(Comm& comm, int r, const float* src, float* dst, size_t count) {
+  comm.group_start();
+  if (r == 0) (void)comm.send(src, count, DataType::kFloat32, 1);
+  else (void)comm.recv(dst, count, DataType::kFloat32, 0);
+  Result<Work> w = comm.group_end();
+  return w.is_ok() ? w->wait() : w.status();
+}
+
+// On the receiver: element i of got is i % mod, and since the counters read
+// single0 / mapped0 one single-copy message arrived, `mapped` of them mapped.
+bool check_one(const std::vector<float>& got, size_t mod, uint64_t single0, uint64_t mapped0, uint64_t mapped,
+               std::string* err) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != static_cast<float>(i % mod))
+      return *err = "element " + std::to_string(i) + " = " + std::to_string(got[i]), false;
+  const uint64_t single = ShmTransport::single_copy_messages() - single0;
+  const uint64_t m = ShmTransport::mapped_messages() - mapped0;
+  if (single != 1 || m != mapped)
+    return *err = "single-copy messages " + std::to_string(single) + ", mapped " + std::to_string(m), false;
+  return true;
+}
+
 // One 1 MiB message from a mem_alloc buffer into a heap buffer: read through
 // a mapping, as one single-copy message; with LOOM_SHM_MAP_SHARED=0 by
 // process_vm_readv, and the same bytes arrive.
@@ -214,22 +229,10 @@ void one_message(const char* map_shared, bool expect_mapped) {
       for (size_t i = 0; i < kCount; ++i) src[i] = static_cast<float>(i % 1000);
     }
     const uint64_t single0 = ShmTransport::single_copy_messages(), mapped0 = ShmTransport::mapped_messages();
-    comm.group_start();
-    if (r == 0) (void)comm.send(src, kCount, DataType::kFloat32, 1);
-    else (void)comm.recv(heap.data(), kCount, DataType::kFloat32, 0);
-    Result<Work> w = comm.group_end();
-    Status st = w.is_ok() ? w->wait() : w.status();
+    Status st = one_send(comm, r, src, heap.data(), kCount);
     if (r == 0) (void)mem_free(src);
     if (!st.is_ok()) return *err = st.to_string(), false;
-    if (r == 0) return true;
-    for (size_t i = 0; i < kCount; ++i)
-      if (heap[i] != static_cast<float>(i % 1000))
-        return *err = "element " + std::to_string(i) + " = " + std::to_string(heap[i]), false;
-    const uint64_t single = ShmTransport::single_copy_messages() - single0;
-    const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
-    if (single != 1 || mapped != (expect_mapped ? 1u : 0u))
-      return *err = "single-copy messages " + std::to_string(single) + ", mapped " + std::to_string(mapped), false;
-    return true;
+    return r == 0 || check_one(heap, 1000, single0, mapped0, expect_mapped ? 1 : 0, err);
   }, map_shared);
 }
 
@@ -259,25 +262,13 @@ TEST(SharedBuffers, AFileNumberThatNoLongerNamesTheBufferIsNotMapped) {
       if (!ref || !other || dup2(other->fd, ref->fd) < 0) return *err = "could not replace the buffer's file", false;
     }
     const uint64_t single0 = ShmTransport::single_copy_messages(), mapped0 = ShmTransport::mapped_messages();
-    comm.group_start();
-    if (r == 0) (void)comm.send(src, kCount, DataType::kFloat32, 1);
-    else (void)comm.recv(heap.data(), kCount, DataType::kFloat32, 0);
-    Result<Work> w = comm.group_end();
-    Status st = w.is_ok() ? w->wait() : w.status();
+    Status st = one_send(comm, r, src, heap.data(), kCount);
     if (r == 0) {
       (void)mem_free(src);  // closes the decoy's second descriptor; src's mapping did not need its own
       (void)mem_free(decoy);
     }
     if (!st.is_ok()) return *err = st.to_string(), false;
-    if (r == 0) return true;
-    for (size_t i = 0; i < kCount; ++i)
-      if (heap[i] != static_cast<float>(i % 777))
-        return *err = "element " + std::to_string(i) + " = " + std::to_string(heap[i]), false;
-    const uint64_t single = ShmTransport::single_copy_messages() - single0;
-    const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
-    if (single != 1 || mapped != 0)
-      return *err = "single-copy messages " + std::to_string(single) + ", mapped " + std::to_string(mapped), false;
-    return true;
+    return r == 0 || check_one(heap, 777, single0, mapped0, 0, err);
   });
 }
 TEST(SharedBuffers, MappingOffReadsItByReadv) { one_message("0", false); }
@@ -308,11 +299,7 @@ TEST(SharedBuffers, AFreedBufferIsNeverReadThroughAStaleMapping) {
       }
       if (r == 0)
         for (size_t i = 0; i < kCount; ++i) src[i] = static_cast<float>(round * 10000 + static_cast<int>(i % 5000));
-      comm.group_start();
-      if (r == 0) (void)comm.send(src, kCount, DataType::kFloat32, 1);
-      else (void)comm.recv(out, kCount, DataType::kFloat32, 0);
-      Result<Work> w = comm.group_end();
-      Status st = w.is_ok() ? w->wait() : w.status();
+      Status st = one_send(comm, r, src, out, kCount);
       if (r == 0 && !from_kept) (void)mem_free(src);
       if (!st.is_ok()) return *err = st.to_string(), false;
       if (r == 1)
