@@ -346,7 +346,8 @@ int perf_main(int argc, char** argv, Bench bench) {
     return finish(1);
   }
   if (o.thp) {
-    const size_t got = thp_bytes() - std::min(thp_bytes(), huge_before);
+    const size_t after = thp_bytes();
+    const size_t got = after - std::min(after, huge_before);
     char line[200];
     snprintf(line, sizeof line, "Buffers: transparent huge pages advised (--thp): %.1f of %.1f MiB in huge pages on rank %d",
              static_cast<double>(got) / (1 << 20),

@@ -19,8 +19,8 @@
 // copy), not for every small allocation.
 //
 // A freed buffer's memory is released once every peer has dropped its
-// mapping: a peer drops its mappings of a process that freed one when its
-// next message from that process arrives, or when it maps more than
+// mapping: a peer drops its mappings of a process that freed one when the
+// next message from that process's mem_alloc memory arrives, or when it maps more than
 // kMaxPeerMappings buffers (shm transport).
 #pragma once
 

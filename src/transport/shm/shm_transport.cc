@@ -376,7 +376,8 @@ class ShmConnection final : public Connection {
       // Past the receiver's map_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
       out_hdr_ = !out_cma_ && msg_remaining >= peer_->map_min_bytes;
-      if (out_hdr_ && shared_buffers::find(src, msg_remaining)) out_cma_ = true, out_hdr_ = false;
+      out_ref_ = (out_cma_ || out_hdr_) ? shared_buffers::find(src, msg_remaining) : std::nullopt;
+      if (out_hdr_ && out_ref_) out_cma_ = true, out_hdr_ = false;
       out_slot_ = !out_cma_ && !out_hdr_ && msg_remaining <= peer_->slot_max_bytes;
       out_desc_posted_ = false;
     }
@@ -542,7 +543,7 @@ class ShmConnection final : public Connection {
       d.len = msg_remaining;
       d.pid = getpid();
       d.flags = push ? kCmaSenderCanPush : 0;
-      if (auto ref = shared_buffers::find(src, msg_remaining)) {
+      if (const auto& ref = out_ref_) {  // found by send_some
         d.flags |= kCmaMappable;
         d.map_id = ref->id;
         d.map_fd = ref->fd;
@@ -741,6 +742,7 @@ class ShmConnection final : public Connection {
   size_t out_total_ = 0, out_done_ = 0;
   bool out_cma_ = false, out_desc_posted_ = false;  // (out_desc_posted_: descriptor or inline header)
   bool out_hdr_ = false;
+  std::optional<shared_buffers::Ref> out_ref_;  // the message's mem_alloc buffer, if any
   uint64_t out_ack_base_ = 0;
   // Incoming message state.
   size_t in_total_ = 0, in_done_ = 0;
