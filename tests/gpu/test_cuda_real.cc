@@ -29,6 +29,7 @@ using loom::cuda::CudaLoader;
 
 constexpr int kRanks = 2;
 constexpr int kD2D = 3, kH2D = 1, kD2H = 2;  // cudaMemcpyKind
+constexpr unsigned kCudaStreamNonBlocking = 1;
 
 // The runtime functions the test itself needs, from the library the shim uses.
 struct Rt {
@@ -39,7 +40,7 @@ struct Rt {
   int (*memset_async)(void*, int, size_t, cudaStream_t) = nullptr;
   int (*memcpy)(void*, const void*, size_t, int) = nullptr;
   int (*memcpy_async)(void*, const void*, size_t, int, cudaStream_t) = nullptr;
-  int (*stream_create)(cudaStream_t*) = nullptr;
+  int (*stream_create)(cudaStream_t*, unsigned) = nullptr;  // cudaStreamCreateWithFlags
   int (*stream_sync)(cudaStream_t) = nullptr;
   int (*stream_destroy)(cudaStream_t) = nullptr;
   int (*device_count)(int*) = nullptr;
@@ -76,7 +77,7 @@ struct Rt {
     get(memset_async, "cudaMemsetAsync");
     get(memcpy, "cudaMemcpy");
     get(memcpy_async, "cudaMemcpyAsync");
-    get(stream_create, "cudaStreamCreate");
+    get(stream_create, "cudaStreamCreateWithFlags");
     get(stream_sync, "cudaStreamSynchronize");
     get(stream_destroy, "cudaStreamDestroy");
     get(device_count, "cudaGetDeviceCount");
@@ -106,9 +107,18 @@ void with_ranks(const std::function<void(int, ncclComm_t, cudaStream_t)>& body) 
       ncclComm_t c = nullptr;
       ASSERT_EQ(ncclCommInitRank(&c, kRanks, id, r), ncclSuccess) << ncclGetLastError(nullptr);
       cudaStream_t s = nullptr;
-      ASSERT_EQ(rt().stream_create(&s), 0);
+      // Non-blocking: the ranks are threads sharing one device, and the
+      // legacy default stream (cudaMemcpy in Dev::read) waits for every
+      // blocking stream of the device, so a rank reading its result would
+      // wait for a peer's next collective, which waits for this rank.
+      ASSERT_EQ(rt().stream_create(&s, kCudaStreamNonBlocking), 0);
       body(r, c, s);
       EXPECT_EQ(rt().stream_sync(s), 0);
+      // A stream-ordered op that failed (a timeout) shows here even where
+      // the data it left happens to be right.
+      ncclResult_t async = ncclInternalError;
+      EXPECT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+      EXPECT_EQ(async, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(c);
       EXPECT_EQ(rt().stream_destroy(s), 0);
       EXPECT_EQ(ncclCommDestroy(c), ncclSuccess) << ncclGetLastError(c);
     });

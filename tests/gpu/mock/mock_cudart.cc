@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -44,7 +45,10 @@ const loom::mock::MockMachine& machine() {
 // One stream: a FIFO of tasks run by its own thread, in order.
 class MockStream {
  public:
-  MockStream() : worker_([this] { run(); }) {}
+  // blocking: created by cudaStreamCreate (or WithFlags without
+  // cudaStreamNonBlocking), so the legacy default stream's work waits for it.
+  explicit MockStream(bool blocking = true) : blocking_(blocking), worker_([this] { run(); }) {}
+  bool blocking() const { return blocking_; }
   ~MockStream() {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -88,10 +92,14 @@ class MockStream {
   std::deque<std::function<void()>> tasks_;
   uint64_t enqueued_ = 0, finished_ = 0;
   bool stop_ = false;
+  const bool blocking_;
   std::thread worker_;
 };
 
 std::mutex g_mu;
+// Held shared by cudaMemcpy while it waits for other threads' streams, and
+// exclusively by cudaStreamDestroy before it deletes one.
+std::shared_mutex g_destroy_mu;
 std::map<CudaStream, MockStream*>& streams() {
   static std::map<CudaStream, MockStream*> s;
   return s;
@@ -186,6 +194,15 @@ CudaError cudaStreamCreate(CudaStream* out) {
   return 0;
 }
 
+CudaError cudaStreamCreateWithFlags(CudaStream* out, unsigned flags) {
+  auto* s = new MockStream((flags & 1u) == 0);  // 1 = cudaStreamNonBlocking
+  auto handle = reinterpret_cast<CudaStream>(s);
+  std::lock_guard<std::mutex> lk(g_mu);
+  streams()[handle] = s;
+  *out = handle;
+  return 0;
+}
+
 CudaError cudaStreamSynchronize(CudaStream stream) {
   MockStream* s = stream_of(stream);
   if (s == nullptr) return kInvalidValue;
@@ -202,6 +219,7 @@ CudaError cudaStreamDestroy(CudaStream stream) {
     s = it->second;
     streams().erase(it);
   }
+  std::unique_lock<std::shared_mutex> no_waiters(g_destroy_mu);
   delete s;  // runs what is still queued, then joins the worker
   return 0;
 }
@@ -250,6 +268,39 @@ CudaError cudaFreeHost(void* p) {
   if (p == nullptr) return 0;
   g_host_live.fetch_sub(1);
   std::free(p);
+  return 0;
+}
+
+// What tests/gpu/test_cuda_real.cc also calls, so that it runs against
+// this mock too (ctest gpu/test_cuda_real_mock): one device, memset on the
+// stream, a synchronous copy.
+CudaError cudaSetDevice(int device) {
+  return device >= 0 && static_cast<size_t>(device) < machine().gpus.size() ? 0 : kInvalidDevice;
+}
+
+CudaError cudaMemsetAsync(void* dst, int value, size_t bytes, CudaStream stream) {
+  MockStream* s = stream_of(stream);
+  if (s == nullptr) return kInvalidValue;
+  s->enqueue([=] { std::memset(dst, value, bytes); });
+  return 0;
+}
+
+// A synchronous copy runs on the legacy default stream, which first waits
+// for the work queued on every blocking stream of the device, other threads'
+// streams included (as CUDA does): with ranks as threads of one process, a
+// rank's cudaMemcpy then waits for a peer's collective that waits for this
+// rank. Streams created after this call started are not waited for.
+CudaError cudaMemcpy(void* dst, const void* src, size_t bytes, int kind) {
+  if (kind < 0 || kind > 4) return kInvalidValue;
+  std::shared_lock<std::shared_mutex> keep_alive(g_destroy_mu);
+  std::vector<MockStream*> wait;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (auto& [h, st] : streams())
+      if (h != nullptr && st->blocking()) wait.push_back(st);
+  }
+  for (MockStream* st : wait) st->synchronize();
+  std::memcpy(dst, src, bytes);
   return 0;
 }
 
