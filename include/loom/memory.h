@@ -12,7 +12,9 @@
 // operation, buffers may be mixed with ordinary memory, and where mapping is
 // not permitted (another user's process, a kernel without pidfd_getfd, or
 // LOOM_SHM_MAP_SHARED=0) the transport falls back to process_vm_readv.
-// ncclMemAlloc / ncclMemFree in the NCCL shim allocate host memory this way.
+// ncclMemAlloc / ncclMemFree in the NCCL shim allocate host memory this way
+// where no CUDA runtime sees a GPU (with one, they return device memory, as
+// NVIDIA's do).
 //
 // Each buffer holds a file descriptor and a mapping until it is freed: use it
 // for the few large buffers collectives move (messages from 256 KiB go single

@@ -52,7 +52,7 @@ std::vector<ParamInfo>& registry() {
        "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); 0 = the "
        "receiver copies alone."},
       {"LOOM_SHM_MAP_SHARED", "bool", "1",
-       "A single-copy message from a buffer of loom::mem_alloc / ncclMemAlloc is read through a mapping of "
+       "A single-copy message from a buffer of loom::mem_alloc (ncclMemAlloc without CUDA) is read through a mapping of "
        "the sender's buffer (mapped once per buffer, pidfd_getfd + mmap) instead of by process_vm_readv per "
        "message, from 256 KiB even where LOOM_SHM_SINGLE_COPY_* leave messages to the FIFO (a reduced message "
        "between oversubscribed ranks: the receiver then reduces straight from the sender's buffer and the "

@@ -80,6 +80,10 @@ void CudaLoader::load_runtime(const std::string& path) {
   resolve(lib, "cudaMemcpyAsync", rt_.memcpy_async, optional_missing);
   resolve(lib, "cudaMallocHost", rt_.malloc_host, optional_missing);
   resolve(lib, "cudaFreeHost", rt_.free_host, optional_missing);
+  std::string no_device_alloc;  // only ncclMemAlloc uses these; it falls back to host memory
+  resolve(lib, "cudaMalloc", rt_.malloc_device, no_device_alloc);
+  resolve(lib, "cudaFree", rt_.free_device, no_device_alloc);
+  if (!no_device_alloc.empty()) rt_.malloc_device = nullptr, rt_.free_device = nullptr;
   rt_.stream_wait_value32 = reinterpret_cast<decltype(rt_.stream_wait_value32)>(dlsym(lib, "cuStreamWaitValue32_v2"));
   if (rt_.stream_wait_value32 == nullptr) {
     // The driver API lives in libcuda.so.1, which every CUDA runtime itself loads.

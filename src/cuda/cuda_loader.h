@@ -59,6 +59,10 @@ struct CudaRuntimeApi {
   // in mapped host memory reaches a value, so a stream can wait for host work
   // without a blocking host function.
   int (*stream_wait_value32)(CudaStream stream, unsigned long long addr, unsigned value, unsigned flags) = nullptr;
+  // Optional: device memory for ncclMemAlloc / ncclMemFree (NCCL's
+  // ncclMemAlloc returns GPU memory; without these Loom hands out host memory).
+  CudaError (*malloc_device)(void** ptr, size_t bytes) = nullptr;  // cudaMalloc
+  CudaError (*free_device)(void* ptr) = nullptr;                   // cudaFree
   bool can_stage() const { return memcpy_async != nullptr && malloc_host != nullptr && free_host != nullptr; }
 };
 inline constexpr int kCudaMemcpyDefault = 4;      // cudaMemcpyKind: direction from the pointers (UVA)

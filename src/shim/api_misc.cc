@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/cuda_loader.h"
 #include "loom/memory.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
@@ -128,10 +129,24 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   return guard("ncclMemAlloc", nullptr, [&]() -> Status {
     if (ptr == nullptr) return invalid_argument("ptr is NULL");
     if (size == 0) return invalid_argument("size is 0");
-    // Host memory from loom::mem_alloc: page-aligned (so it satisfies
-    // NCCL_WIN_REQUIRED_ALIGNMENT) and mappable by the peers of this host,
-    // which then read it without process_vm_readv (include/loom/memory.h).
-    // Where shared-memory files are not available, ordinary aligned memory.
+    // NCCL's ncclMemAlloc returns GPU memory, and CUDA programs (PyTorch's
+    // NCCL memory pool) write to it from kernels: where a CUDA runtime sees
+    // a device, device memory from cudaMalloc on the current device.
+    const cuda::CudaLoader& cl = cuda::CudaLoader::get();
+    if (const cuda::CudaRuntimeApi* rt = cl.runtime(); rt != nullptr && rt->malloc_device != nullptr) {
+      void* p = nullptr;
+      const cuda::CudaError e = rt->malloc_device(&p, size);
+      if (e != cuda::kCudaSuccess)
+        return Status(StatusCode::kSystemError,
+                      "cudaMalloc(" + std::to_string(size) + " bytes) failed: " + cl.error_text(e));
+      *ptr = p;
+      return Status::ok();
+    }
+    // Without CUDA, host memory from loom::mem_alloc: page-aligned (so it
+    // satisfies NCCL_WIN_REQUIRED_ALIGNMENT) and mappable by the peers of
+    // this host, which then read it without process_vm_readv
+    // (include/loom/memory.h). Where shared-memory files are not available,
+    // ordinary aligned memory.
     static_assert(kAllocAlignment <= 4096);
     if (Result<void*> r = mem_alloc(size); r.is_ok()) {
       *ptr = *r;
@@ -147,6 +162,17 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
 
 extern "C" ncclResult_t pncclMemFree(void* ptr) {
   return guard("ncclMemFree", nullptr, [&]() -> Status {
+    if (ptr == nullptr) return Status::ok();
+    const cuda::CudaLoader& cl = cuda::CudaLoader::get();
+    if (const cuda::CudaRuntimeApi* rt = cl.runtime(); rt != nullptr && rt->free_device != nullptr) {
+      cuda::CudaPointerAttributes a;
+      if (rt->pointer_get_attributes(&a, ptr) == cuda::kCudaSuccess && a.type == cuda::CudaMemoryType::kDevice) {
+        const cuda::CudaError e = rt->free_device(ptr);
+        if (e != cuda::kCudaSuccess)
+          return Status(StatusCode::kSystemError, "cudaFree failed: " + cl.error_text(e));
+        return Status::ok();
+      }
+    }
     if (!mem_free(ptr).is_ok()) std::free(ptr);  // ncclMemAlloc's fallback
     return Status::ok();
   });

@@ -164,6 +164,28 @@ TEST(CudaReal, AllReduceIsOrderedOnTheStream) {
   });
 }
 
+// ncclMemAlloc returns device memory, as NVIDIA's does: CUDA writes it, a
+// collective runs on it, ncclMemFree gives it back to cudaFree.
+TEST(CudaReal, MemAllocIsDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1 << 18;
+  with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+    void* p = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&p, n * 4), ncclSuccess) << ncclGetLastError(nullptr);
+    loom::cuda::CudaPointerAttributes a;
+    ASSERT_EQ(CudaLoader::get().runtime()->pointer_get_attributes(&a, p), 0);
+    EXPECT_EQ(a.type, loom::cuda::CudaMemoryType::kDevice);
+    ASSERT_EQ(rt().memset_async(p, r + 1, n * 4, s), 0);
+    ASSERT_EQ(ncclAllReduce(p, p, n, ncclInt32, ncclSum, c, s), ncclSuccess) << ncclGetLastError(c);
+    ASSERT_EQ(rt().stream_sync(s), 0);
+    std::vector<int> h(n);
+    ASSERT_EQ(rt().memcpy(h.data(), p, n * 4, kD2H), 0);
+    EXPECT_EQ(h[0], pattern(1) + pattern(2));
+    EXPECT_EQ(h[n - 1], pattern(1) + pattern(2));
+    EXPECT_EQ(ncclMemFree(p), ncclSuccess) << ncclGetLastError(nullptr);
+  });
+}
+
 TEST(CudaReal, AllGatherReduceScatterBroadcast) {
   SKIP_WITHOUT_GPU();
   const size_t n = 100000;

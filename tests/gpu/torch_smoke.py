@@ -67,6 +67,23 @@ def worker(rank, world, port, q):
         dist.all_reduce(h, op=dist.ReduceOp.AVG)
         assert torch.all(h.float() == (world - 1) / 2).item(), "bf16 avg wrong"
         out.append(f"rank {rank}: all_reduce, all_gather, reduce_scatter, broadcast, send/recv, bf16 avg: OK")
+        # PyTorch's NCCL memory pool: its allocator calls ncclMemAlloc /
+        # ncclMemFree and puts tensors in what they return, so that memory
+        # must be device memory (it is in NVIDIA's NCCL, and in Loom's when a
+        # CUDA runtime sees a device).
+        try:
+            backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+            pool = torch.cuda.MemPool(backend.mem_allocator)
+        except (AttributeError, RuntimeError) as e:
+            out.append(f"rank {rank}: SKIP NCCL mem pool: {e!r}")
+        else:
+            with torch.cuda.use_mem_pool(pool):
+                m = torch.full((n,), float(rank + 1), device=dev)
+            dist.all_reduce(m)
+            assert torch.all(m == want).item(), f"all_reduce on ncclMemAlloc memory: got {m[:4].tolist()}"
+            del m
+            torch.cuda.synchronize()
+            out.append(f"rank {rank}: all_reduce on a tensor in PyTorch's NCCL mem pool (ncclMemAlloc): OK")
         for mib in (1, 16, 256):
             t = torch.ones(mib << 18, device=dev)
             for _ in range(3):

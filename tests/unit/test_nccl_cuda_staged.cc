@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_loader.h"
 #include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
 #include "nccl_stream_world.h"
@@ -371,6 +372,38 @@ TEST(NcclCudaStaged, StagingBuffersAreReusedAndFreed) {
     EXPECT_GT(mock().host_live(), live0);
   }
   EXPECT_EQ(mock().host_live(), live0) << "staging buffers outlived their communicators";
+}
+
+// With a CUDA runtime, ncclMemAlloc hands out device memory (NVIDIA's does,
+// and CUDA programs write it from kernels), collectives stage it like any
+// device buffer, and ncclMemFree returns it to cudaFree.
+TEST(NcclCudaStaged, MemAllocGivesDeviceMemory) {
+  auto attrs = mock().sym<int (*)(loom::cuda::CudaPointerAttributes*, const void*)>("cudaPointerGetAttributes");
+  ASSERT_NE(attrs, nullptr);
+  auto is_device = [&](const void* p) {
+    loom::cuda::CudaPointerAttributes a;
+    return attrs(&a, p) == 0 && a.type == loom::cuda::CudaMemoryType::kDevice;
+  };
+  World w;
+  const size_t n = 5000;
+  float* buf[kN];
+  for (int r = 0; r < kN; ++r) {
+    void* p = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&p, n * sizeof(float)), ncclSuccess) << ncclGetLastError(nullptr);
+    buf[r] = static_cast<float*>(p);
+    EXPECT_TRUE(is_device(p)) << "rank " << r << ": ncclMemAlloc gave host memory";
+    for (size_t i = 0; i < n; ++i) buf[r][i] = v(r, i);
+  }
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(buf[r], buf[r], n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess)
+        << ncclGetLastError(w.c[r]);
+  w.sync();
+  for (int r = 0; r < kN; ++r) EXPECT_ALL(buf[r], n, v(0, i) + v(1, i) + v(2, i) + v(3, i), "rank " << r);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(ncclMemFree(buf[r]), ncclSuccess) << ncclGetLastError(nullptr);
+    EXPECT_FALSE(is_device(buf[r])) << "rank " << r << ": ncclMemFree did not give it to cudaFree";
+  }
+  EXPECT_EQ(ncclMemFree(nullptr), ncclSuccess);
 }
 
 // The runtime without cudaMemcpyAsync & co (the plain build of the mock) in

@@ -57,6 +57,10 @@ static_assert(cudaMemcpyDefault == lc::kCudaMemcpyDefault);
 static_assert(std::is_same_v<decltype(&cudaFreeHost), cudaError_t (*)(void*)>);
 static_assert(std::is_same_v<decltype(static_cast<cudaError_t (*)(void**, size_t)>(&cudaMallocHost)),
                              cudaError_t (*)(void**, size_t)>);
+// ncclMemAlloc / ncclMemFree's entries.
+static_assert(std::is_same_v<decltype(static_cast<cudaError_t (*)(void**, size_t)>(&cudaMalloc)),
+                             cudaError_t (*)(void**, size_t)>);
+static_assert(std::is_same_v<decltype(&cudaFree), cudaError_t (*)(void*)>);
 #if defined(__has_include)
 #if __has_include(<cuda.h>)
 #include <cuda.h>
