@@ -87,6 +87,15 @@ struct CommCost {
   // and the acknowledgement the sender waits for. Measured, 2 ranks: a 32 KiB
   // single-copy all_gather message 3.6 us against 2.6 us of alpha + bytes.
   double single_copy_alpha_us = 1.0;
+  // Messages sent from Loom's own scratch (the ring's and recursive
+  // halving's partial sums in reduce_scatter) of at least this many bytes
+  // are read through a mapping of the sender's scratch (loom::mem_alloc
+  // memory, LOOM_SHM_MAP_SHARED): the sender copies nothing, the receiver
+  // reduces straight from the mapping, whatever the single-copy thresholds
+  // (also between oversubscribed ranks). They cost single_copy_alpha_us plus
+  // mapped_factor x beta per byte. 0 = no mapping (another host, mapping off).
+  size_t map_min_bytes = 0;
+  double mapped_factor = 0.0;
   // More ranks on the host than CPUs: ranks take turns on the cores, so an
   // op costs the ranks' summed work, not its critical path. A single-copy
   // message that lands in scratch to be reduced then saves nothing over a

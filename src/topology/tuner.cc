@@ -136,6 +136,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
     if (c.oversubscribed) c.cores = params::host_cores();
+    if (params::shm_map_shared() != 0) c.map_min_bytes = params::shm_map_min_bytes();
   }
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {
