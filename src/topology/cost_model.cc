@@ -83,7 +83,9 @@ struct Ctx {
   // A message that leaves from Loom's scratch (reduce_scatter's partial
   // sums): from map_min_bytes read through a mapping, no copy by the sender.
   double move_from_scratch(double m, double beta, Land land) const {
-    if (c.map_min_bytes == 0 || m < static_cast<double>(c.map_min_bytes)) return move(m, beta, land);
+    if (c.map_min_bytes == 0 || m < static_cast<double>(c.map_min_bytes) ||
+        (c.map_cache_bytes > 0 && n > static_cast<double>(c.map_cache_bytes) / 4))
+      return move(m, beta, land);
     return c.single_copy_alpha_us + m * beta * c.mapped_factor;
   }
   // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.

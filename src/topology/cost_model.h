@@ -96,6 +96,15 @@ struct CommCost {
   // mapped_factor x beta per byte. 0 = no mapping (another host, mapping off).
   size_t map_min_bytes = 0;
   double mapped_factor = 0.0;
+  // ... for collectives of up to a quarter of the host's last-level cache
+  // (n <= map_cache_bytes / 4; 0 = no limit). Beyond, halving measured as
+  // fast or faster again. Measured on 2 cores with a 32 MiB L3, ring against
+  // halving, min of 5 interleaved rounds: 4 ranks 4 MiB 1208 / 1403 us, 8 MiB
+  // 2323 / 2656, 16 MiB 8429 / 5988; 8 ranks 4 MiB 1609 / 2307, 8 MiB 5772 /
+  // 6657, 16 MiB 10669 / 9489, 64 MiB 48110 / 45296. The crossover (8-16 MiB
+  // at both rank counts) is tied to the cache size as a guess at how it
+  // moves on other hosts; it is not explained.
+  size_t map_cache_bytes = 0;
   // More ranks on the host than CPUs: ranks take turns on the cores, so an
   // op costs the ranks' summed work, not its critical path. A single-copy
   // message that lands in scratch to be reduced then saves nothing over a

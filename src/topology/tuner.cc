@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <limits>
 
 #include "core/config.h"
@@ -20,6 +22,30 @@ constexpr double kCpuReduceGBps = 8.0;     // one core, SIMD, from memory
 // 29-41 GB/s on the 2-core reference VM); calls up to kCpuCacheBytes.
 constexpr double kCpuReduceCachedGBps = 30.0;
 constexpr size_t kCpuCacheBytes = size_t{1} << 20;
+
+// The host's last-level cache (sysfs: the highest cache level of CPU 0, e.g.
+// "32768K"); 32 MiB when it cannot be read. sysconf's LEVEL3_CACHE_SIZE is
+// not used: it reported 320 MiB on the 32 MiB reference VM.
+size_t host_llc_bytes() {
+  static const size_t bytes = [] {
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 8; ++i) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+      std::ifstream level_f(dir + "level"), size_f(dir + "size");
+      int level = 0;
+      std::string size;
+      if (!(level_f >> level) || !(size_f >> size) || size.empty()) continue;
+      size_t v = std::strtoull(size.c_str(), nullptr, 10);
+      const char unit = size.back();
+      if (unit == 'K') v <<= 10;
+      else if (unit == 'M') v <<= 20;
+      if (level > best_level && v > 0) best_level = level, best = v;
+    }
+    return best > 0 ? best : size_t{32} << 20;
+  }();
+  return bytes;
+}
 constexpr double kGpuChannelGBps = 25.0;   // what one GPU channel (a few SMs) drives
 constexpr double kCpuChannelGBps = kHostMemBw;
 constexpr double kUnknownNetGBps = 1.0;    // no NIC known: assume 10 GbE-class
@@ -136,7 +162,10 @@ CommCost Tuner::derive_cost(int nranks) const {
     c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
     if (c.oversubscribed) c.cores = params::host_cores();
-    if (params::shm_map_shared() != 0) c.map_min_bytes = params::shm_map_min_bytes();
+    if (params::shm_map_shared() != 0) {
+      c.map_min_bytes = params::shm_map_min_bytes();
+      c.map_cache_bytes = host_llc_bytes();
+    }
   }
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j) {

@@ -157,6 +157,14 @@ TEST(TunerModel, ScratchMessagesGoMappedInReduceScatter) {
               3 * a + 7.0 / 8 * n * g + n / 2 * b + 2 * 1.0, 1e-6);
   EXPECT_LT(est(AlgoKind::kRing, Collective::kReduceScatter, N, p, c),
             est(AlgoKind::kRabenseifner, Collective::kReduceScatter, N, p, c));
+  // Only up to a quarter of the last-level cache: 32 MiB takes 8 MiB, not 16.
+  c.map_cache_bytes = 32 << 20;
+  EXPECT_LT(est(AlgoKind::kRing, Collective::kReduceScatter, N, p, c),
+            est(AlgoKind::kRabenseifner, Collective::kReduceScatter, N, p, c));
+  CommCost nomap = c;
+  nomap.map_min_bytes = 0;
+  for (AlgoKind k : {AlgoKind::kRing, AlgoKind::kRabenseifner})
+    EXPECT_EQ(est(k, Collective::kReduceScatter, 2 * N, p, c), est(k, Collective::kReduceScatter, 2 * N, p, nomap));
   // Below map_min_bytes nothing changes: 512 KiB over 8 ranks is 64 KiB
   // ring messages.
   CommCost off = c;
