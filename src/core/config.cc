@@ -57,7 +57,7 @@ std::vector<ParamInfo>& registry() {
        "message, from 256 KiB even where LOOM_SHM_SINGLE_COPY_* leave messages to the FIFO (a reduced message "
        "between oversubscribed ranks: the receiver then reduces straight from the sender's buffer and the "
        "sender copies nothing); 0 = no mapping, process_vm_readv as the thresholds say. The receiving rank's "
-       "setting decides."},
+       "setting decides. The tuner prices reduce_scatter's partial sums (Loom's scratch) as mapped while it is on."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <string>
 #include <limits>
+#include <string>
 
 #include "core/config.h"
 #include "topology/paths.h"

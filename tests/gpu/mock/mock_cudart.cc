@@ -185,15 +185,6 @@ const char* cudaGetErrorString(CudaError e) {
   }
 }
 
-CudaError cudaStreamCreate(CudaStream* out) {
-  auto* s = new MockStream();
-  auto handle = reinterpret_cast<CudaStream>(s);
-  std::lock_guard<std::mutex> lk(g_mu);
-  streams()[handle] = s;
-  *out = handle;
-  return 0;
-}
-
 CudaError cudaStreamCreateWithFlags(CudaStream* out, unsigned flags) {
   auto* s = new MockStream((flags & 1u) == 0);  // 1 = cudaStreamNonBlocking
   auto handle = reinterpret_cast<CudaStream>(s);
@@ -202,6 +193,8 @@ CudaError cudaStreamCreateWithFlags(CudaStream* out, unsigned flags) {
   *out = handle;
   return 0;
 }
+
+CudaError cudaStreamCreate(CudaStream* out) { return cudaStreamCreateWithFlags(out, 0); }
 
 CudaError cudaStreamSynchronize(CudaStream stream) {
   MockStream* s = stream_of(stream);
