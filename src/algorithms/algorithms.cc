@@ -76,17 +76,24 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
   for (const auto& p : args.p2p)
     if (p.peer < 0 || p.peer >= args.nranks)
       return invalid_argument(fmt::format("peer {} out of range [0, {})", p.peer, args.nranks));
+  const bool reducing = args.coll == Collective::kAllReduce || args.coll == Collective::kReduceScatter ||
+                        args.coll == Collective::kReduce;
+  auto make = [&](const Algorithm* a) -> Result<RankSchedule> {
+    Result<RankSchedule> s = a->make(args);
+    if (s.is_ok()) s->reduced_class = reducing;
+    return s;
+  };
   if (!algorithm.empty()) {
     const Algorithm* a = find_algorithm(args.coll, algorithm);
     if (!a)
       return not_supported(fmt::format("no algorithm '{}' for {}", algorithm, collective_name(args.coll)));
     LOOM_RETURN_IF_ERROR(a->supports(args));
-    return a->make(args);
+    return make(a);
   }
   Status last = not_supported(fmt::format("no algorithm for {}", collective_name(args.coll)));
   for (const Algorithm* a : algorithms_for(args.coll)) {
     Status st = a->supports(args);
-    if (st.is_ok()) return a->make(args);
+    if (st.is_ok()) return make(a);
     last = st;
   }
   return last;

@@ -79,6 +79,14 @@ struct RankSchedule {
   std::vector<Phase> phases;
   size_t scratch_count = 0;  // elements of scratch the executor must provide
   std::string algorithm;     // "ring", "chain", "direct", ... (for logs and the recorder)
+  // Every message of the op moves as a reduced one (Step::peer_reduces), the
+  // stored ones too: set by make_schedule for the reducing collectives
+  // (allreduce, reduce_scatter, reduce), whose stored messages carry what
+  // the op has just computed (a reduced block, a partial sum) or land in
+  // scratch to be reduced. A transport then picks one threshold for the whole
+  // op (shm: LOOM_SHM_SINGLE_COPY_BYTES, not ..._PLAIN_BYTES). Both ends
+  // build the same op, so they agree on every message's class.
+  bool reduced_class = false;
 };
 
 // A point-to-point operation inside a group (Collective::kSendRecv); its

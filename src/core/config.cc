@@ -22,14 +22,15 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_FIFO_BYTES", "bytes", "2M", "Size of each shared-memory FIFO between two ranks (one per direction)."},
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
-       "(process_vm_readv, one copy instead of two); 0 disables. Applies to messages the receiver reduces; "
-       "set, it is also the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: 256K when the host runs no more "
-       "ranks than it has CPUs, else 0 (oversubscribed, the receiver's work is what counts, and single copy "
-       "does not reduce it; messages from mem_alloc memory, Loom's scratch included, still go single copy through "
-       "a mapping: LOOM_SHM_MAP_SHARED)."},
+       "(process_vm_readv between processes, memcpy between threads: one copy instead of two); 0 disables. "
+       "Applies to every message of the reducing collectives (allreduce, reduce_scatter, reduce); set, it is also "
+       "the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: between processes never (the FIFO's two copies "
+       "measured 2x faster than process_vm_readv for these ops); between threads of one process 256K when the "
+       "host runs no more ranks than it has CPUs, else 0. Messages from mem_alloc memory, Loom's scratch "
+       "included, still go single copy through a mapping: LOOM_SHM_MAP_SHARED."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
-       "Single-copy threshold for messages the receiver only stores (all_gather, broadcast, all_to_all, send/recv, "
-       "exchanges of recursive doubling and one-shot allreduce); 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
+       "Single-copy threshold for the messages of the other collectives (all_gather, broadcast, all_to_all, "
+       "send/recv), which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
        "set, else 256K: below it, reading freshly written data from another process costs more than the FIFO's "
        "two copies (16K suits inputs that never change between calls, as in nccl-tests' loop)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
@@ -198,6 +199,8 @@ bool oversubscribed(int local_ranks) { return local_ranks > host_cores(); }
 
 uint64_t shm_single_copy_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", kSingleCopyBytes);
+  // Ranks that are threads of one process (their single copy is a memcpy
+  // from the peer's buffer); between processes see shm_single_copy_xproc_bytes.
   // A reduced message read single copy saves the sender's copy into the FIFO but
   // not the receiver's work: it still lands the bytes (now by system call) and
   // reduces them. With a core per rank the sender's time is what is saved; with
@@ -209,6 +212,25 @@ uint64_t shm_single_copy_bytes(int local_ranks) {
   // 12452-12815; recursive halving no slower anywhere.
   if (oversubscribed(local_ranks)) return 0;
   return kSingleCopyBytes;
+}
+uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
+  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
+  // Between processes, the messages of a reducing collective (allreduce,
+  // reduce_scatter, reduce: RankSchedule::reduced_class, every message of
+  // the op, since its stored ones carry blocks the op has just reduced) go
+  // through the FIFO at every size. process_vm_readv pins every 4 KiB page
+  // of the sender's buffer per message and copies lines still dirty in the
+  // sender's cache, while the FIFO's two copies run on both cores at once
+  // and pipeline through the shared cache (2 MiB per direction). Measured,
+  // 2 ranks on 2 cores, ring, min of 3 interleaved runs, 256K-threshold
+  // single copy against FIFO: allreduce 1 MiB 136 -> 62 us, 4 MiB 628 -> 311,
+  // 16 MiB 4993 -> 2631, 64 MiB 18475 -> 12991 (inputs rewritten before every
+  // call, --fresh -z 1: 1 MiB 120 -> 58, 16 MiB 4916 -> 2475); reduce_scatter
+  // 1 MiB 82 -> 41, 16 MiB 2553 -> 1626. Stored messages of the other
+  // collectives keep LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (all_to_all measured
+  // 3-4x slower through the FIFO). mem_alloc buffers still go mapped.
+  (void)local_ranks;
+  return 0;
 }
 uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES"))

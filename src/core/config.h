@@ -47,6 +47,8 @@ uint64_t shm_single_copy_bytes(int local_ranks);
 int host_cores();
 // More ranks on this host than it has CPUs online.
 bool oversubscribed(int local_ranks);
+// Reduced messages between ranks in different processes (the tuner's case).
+uint64_t shm_single_copy_xproc_bytes(int local_ranks);
 uint64_t shm_single_copy_plain_bytes(int local_ranks);
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN

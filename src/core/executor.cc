@@ -56,6 +56,7 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
     bufs[kBufScratch] = scratch_;
   }
   progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
+  reduced_class_ = sched.reduced_class;
   ++op_token_;  // diag: a new op -> every peer's first message carries a fingerprint again
   progress_.nslots.store(0, std::memory_order_relaxed);
   for (size_t i = 0; i < sched.phases.size(); ++i) {
@@ -137,7 +138,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
-        a.conn->set_send_reduced(s.peer_reduces);
+        a.conn->set_send_reduced(s.peer_reduces || reduced_class_);
         // ---- diag: the op's fingerprint goes out before its first bytes to this peer
         if (a.hdr_left) {
           send_fingerprint(a, moved);
@@ -163,7 +164,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           all_done = false;
           continue;
         }
-        a.conn->set_recv_reduced(s.kind == StepKind::kRecvReduce);
+        a.conn->set_recv_reduced(s.kind == StepKind::kRecvReduce || reduced_class_);
         // ---- diag: consume and check the peer's fingerprint before its first bytes
         if (a.hdr_left) {
           Status fst = recv_fingerprint(a, moved, dt, op);

@@ -90,6 +90,7 @@ class Executor {
   // ---- diag: fingerprint state; tokens say which run() last used a peer's header
   const diag::Fingerprint* fp_ = nullptr;
   uint64_t op_token_ = 0;
+  bool reduced_class_ = false;  // RankSchedule::reduced_class of the running op
   std::vector<uint64_t> send_hdr_token_, recv_hdr_token_;
   // Small first messages travel with the header as one message (one doorbell,
   // one wake-up): header + up to kCoalesceBytes of data, staged per peer.

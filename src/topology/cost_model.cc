@@ -35,6 +35,9 @@ struct Ctx {
   double n;  // bytes
   int p;
   double beta_scale;  // >= 1: fewer channels than needed to fill a link
+  // allreduce, reduce_scatter, reduce: the transport moves every message of
+  // the op as a reduced one (RankSchedule::reduced_class), stored ones too.
+  bool reducing = false;
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
     // A level whose partners sit on different hosts (ranks placed in
@@ -72,7 +75,7 @@ struct Ctx {
   // receiver reduces it or only stores it) a single copy, cheaper per byte
   // but with a fixed cost of its own (CommCost::single_copy_*).
   double move(double m, double beta, Land land) const {
-    const size_t thr = land == Land::kReduce ? c.single_copy_bytes : c.single_copy_plain_bytes;
+    const size_t thr = land == Land::kReduce || reducing ? c.single_copy_bytes : c.single_copy_plain_bytes;
     if (thr == 0 || m < static_cast<double>(thr)) return m * beta;
     // Stored into scratch only to be reduced by a local step: with more
     // ranks than cores the total work is what counts, and that is the
@@ -338,7 +341,8 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   int by_size = static_cast<int>(bytes / std::max<size_t>(c.min_bytes_per_channel, 1));
   e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
   double fill = std::min(1.0, e.channels * c.channel_fraction);
-  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3)};
+  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3),
+        coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce};
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core

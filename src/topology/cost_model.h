@@ -74,9 +74,10 @@ struct CommCost {
   size_t min_bytes_per_channel = 128 * 1024;
   // Same-host messages of at least this many bytes are single-copy (the
   // receiver reads the sender's buffer, the sender copies nothing); 0 = none.
-  // single_copy_bytes for messages the receiver reduces.
+  // single_copy_bytes for every message of a reducing collective (allreduce,
+  // reduce_scatter, reduce: the transport moves them all as reduced ones).
   size_t single_copy_bytes = 0;
-  size_t single_copy_plain_bytes = 0;  // the same for messages the receiver only stores
+  size_t single_copy_plain_bytes = 0;  // the same for the other collectives' messages
   // Per-byte cost of a single-copy message relative to beta (the FIFO
   // path's), in the symmetric collectives, where every rank sends and
   // receives at once and so pays both copies of a FIFO message itself.

@@ -158,7 +158,7 @@ CommCost Tuner::derive_cost(int nranks) const {
   c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.4;
   c.nhosts = std::max(rt.nhosts, 1);
   if (c.nhosts == 1) {
-    c.single_copy_bytes = params::shm_single_copy_bytes(p);
+    c.single_copy_bytes = params::shm_single_copy_xproc_bytes(p);  // ranks are processes, as usual
     c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
     if (c.oversubscribed) c.cores = params::host_cores();

@@ -142,10 +142,14 @@ TEST(ShmPaths, OversubscribedRanksReadNoReducedMessageSingleCopy) {
 // The default thresholds. Stored messages: 256 KiB (regression: 16 KiB with
 // a CPU per rank made freshly written data 1.4-2.5x slower at 16-128 KiB,
 // perf-tests --fresh; see config.cc). Reduced messages: 256 KiB with a CPU
-// per rank, never when oversubscribed. An explicit LOOM_SHM_SINGLE_COPY_BYTES
-// sets both, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
+// per rank, never when oversubscribed, between threads; never between
+// processes (a reducing collective's messages through the FIFO measured 2x
+// faster than process_vm_readv: config.cc). An explicit
+// LOOM_SHM_SINGLE_COPY_BYTES sets all three, LOOM_SHM_SINGLE_COPY_PLAIN_BYTES its own.
 TEST(ShmPaths, SingleCopyThresholdDefaults) {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_EQ(params::shm_single_copy_xproc_bytes(1), 0u);
+  EXPECT_EQ(params::shm_single_copy_xproc_bytes(cpus + 1), 0u);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 256u << 10);
@@ -153,6 +157,8 @@ TEST(ShmPaths, SingleCopyThresholdDefaults) {
   EXPECT_EQ(params::shm_single_copy_bytes(cpus), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(cpus + 1), 0u);
   setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
+  EXPECT_EQ(params::shm_single_copy_xproc_bytes(1), 64u << 10);
+  EXPECT_EQ(params::shm_single_copy_xproc_bytes(cpus + 1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(cpus + 1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 64u << 10);

@@ -74,8 +74,10 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
 }
 
 // Single copy (same host): messages of at least the threshold of their class
-// cost single_copy_alpha + factor x bytes; reduced messages (ring
-// reduce-scatter) keep the FIFO's cost below their higher threshold.
+// cost single_copy_alpha + factor x bytes. The class is the collective's:
+// every message of a reducing collective (allreduce, reduce_scatter, reduce)
+// takes single_copy_bytes, its stored ones too (the transport moves them as
+// reduced: RankSchedule::reduced_class); the others take the plain threshold.
 TEST(TunerModel, SingleCopyMessagesByClass) {
   const int p = 2;
   const double a = 2.0, b = 1e-3, g = 0.5e-3;
@@ -85,14 +87,19 @@ TEST(TunerModel, SingleCopyMessagesByClass) {
   c.single_copy_factor = 0.5;
   c.single_copy_alpha_us = 1.0;
   const double n = 128 << 10, m = n / 2;
-  // Recursive doubling: one stored exchange of n (single copy) + reduce.
-  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, 128 << 10, p, c), a + 1.0 + 0.5 * n * b + n * g,
-              1e-6);
-  // Ring: reduced half through the FIFO, stored half single copy.
-  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 128 << 10, p, c),
-              2 * a + m * b + (1.0 + 0.5 * m * b) + m * g, 1e-6);
+  // Recursive doubling: one exchange of n, below the reduced threshold: FIFO.
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, 128 << 10, p, c), a + n * b + n * g, 1e-6);
+  // Ring: both halves through the FIFO, the stored one too (64 KiB is above
+  // the plain threshold, which an allreduce does not use).
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 128 << 10, p, c), 2 * a + 2 * m * b + m * g, 1e-6);
+  // From the reduced threshold both halves go single copy.
+  const double big = 512 << 10, half = big / 2;
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 512 << 10, p, c),
+              2 * a + 2 * (1.0 + 0.5 * half * b) + half * g, 1e-6);
   // Ring reduce_scatter: its 64 KiB messages are reduced: FIFO cost.
   EXPECT_NEAR(est(AlgoKind::kRing, Collective::kReduceScatter, 128 << 10, p, c), a + m * b + m * g, 1e-6);
+  // all_gather's 64 KiB messages are above the plain threshold: single copy.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 128 << 10, p, c), a + 1.0 + 0.5 * m * b, 1e-6);
   // Below the plain threshold nothing changes.
   EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 16 << 10, p, c), a + 8192 * b, 1e-6);
 }
@@ -108,7 +115,7 @@ TEST(TunerModel, OversubscribedScratchReadsSaveNothing) {
   const double a = 2.0, b = 1e-3, g = 0.5e-3;
   CommCost c = uniform(p);
   c.single_copy_plain_bytes = 16 << 10;
-  c.single_copy_bytes = 0;
+  c.single_copy_bytes = 16 << 10;  // an allreduce's messages take this one
   c.single_copy_factor = 0.5;
   c.single_copy_alpha_us = 1.0;
   const double n = 128 << 10;

@@ -177,9 +177,12 @@ struct ShmTransport::Segment {
   // Messages to this rank of at least this many bytes use the single-copy
   // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted):
   // cma_threshold for messages this rank reduces, cma_plain_threshold for
-  // those it only stores (Connection::set_recv_reduced says which).
+  // those it only stores (Connection::set_recv_reduced says which);
+  // cma_xproc_threshold replaces cma_threshold when the sender is another
+  // process (process_vm_readv; between threads single copy is a memcpy).
   uint64_t cma_threshold;
   uint64_t cma_plain_threshold;
+  uint64_t cma_xproc_threshold;
   // Messages to this rank of at most this many bytes use the slots (0: none).
   uint64_t slot_max_bytes;
   // Messages to this rank of at least this many bytes that the thresholds
@@ -357,7 +360,8 @@ class ShmConnection final : public Connection {
         out_data_(peer->data(rank, nranks, cap)),
         in_ctl_(self->ctl(peer_rank)),
         in_data_(self->data(peer_rank, nranks, cap)),
-        cap_(cap) {
+        cap_(cap),
+        same_process_(peer->pid == self->pid) {
     tail_ = out_ctl_->tail.load(std::memory_order_relaxed);
     head_ = in_ctl_->head.load(std::memory_order_relaxed);
     out_push_seen_ = out_ctl_->push_seq.load(std::memory_order_relaxed);
@@ -372,7 +376,9 @@ class ShmConnection final : public Connection {
     if (out_total_ == 0) {  // a new message starts
       out_total_ = msg_remaining;
       out_done_ = 0;
-      out_cma_ = msg_remaining >= (send_reduced_ ? peer_->cma_threshold : peer_->cma_plain_threshold);
+      out_cma_ = msg_remaining >= (!send_reduced_ ? peer_->cma_plain_threshold
+                                   : same_process_ ? peer_->cma_threshold
+                                                   : peer_->cma_xproc_threshold);
       // Past the receiver's map_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
       out_hdr_ = !out_cma_ && msg_remaining >= peer_->map_min_bytes;
@@ -631,7 +637,9 @@ class ShmConnection final : public Connection {
     in_total_ = msg_remaining;
     in_done_ = 0;
     read_end_ = SIZE_MAX;
-    in_cma_ = msg_remaining >= (recv_reduced_ ? self_->cma_threshold : self_->cma_plain_threshold);
+    in_cma_ = msg_remaining >= (!recv_reduced_ ? self_->cma_plain_threshold
+                                : same_process_ ? self_->cma_threshold
+                                                : self_->cma_xproc_threshold);
     in_hdr_ = !in_cma_ && msg_remaining >= self_->map_min_bytes;  // resolved by resolve_header()
     in_slot_ = !in_cma_ && !in_hdr_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
@@ -731,6 +739,7 @@ class ShmConnection final : public Connection {
   FifoCtl* in_ctl_;
   std::byte* in_data_;
   size_t cap_;
+  bool same_process_;  // the peer is a thread of this process: single copy is a memcpy
   uint64_t tail_ = 0;  // our copy of out_ctl_->tail (we are its only writer)
   uint64_t head_seen_ = 0;  // out_ctl_->head as last read (it only grows)
   uint64_t head_ = 0;  // our copy of in_ctl_->head
@@ -908,8 +917,10 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   new (&self->closed) std::atomic<uint32_t>(0);
   const uint64_t single_copy = params::shm_single_copy_bytes(nlocal);
   const uint64_t single_copy_plain = params::shm_single_copy_plain_bytes(nlocal);
+  const uint64_t single_copy_xproc = params::shm_single_copy_xproc_bytes(nlocal);
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
+  self->cma_xproc_threshold = single_copy_xproc ? single_copy_xproc : UINT64_MAX;
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
   self->map_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
@@ -946,7 +957,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Yama/seccomp restriction): probe every local peer; if one fails, messages
   // to this rank fall back to the FIFO path.
   if (self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
-      self->map_min_bytes != UINT64_MAX) {
+      self->cma_xproc_threshold != UINT64_MAX || self->map_min_bytes != UINT64_MAX) {
     for (int i = 0; i < n; ++i) {
       if (i == r || !t->segs_[i]) continue;
       uint64_t word = 0;
@@ -958,6 +969,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
                   err ? std::strerror(err) : "probe mismatch");
         self->cma_threshold = UINT64_MAX;
         self->cma_plain_threshold = UINT64_MAX;
+        self->cma_xproc_threshold = UINT64_MAX;
         self->map_min_bytes = UINT64_MAX;  // a mapping that fails falls back to the same reads
         break;
       }
@@ -966,7 +978,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Shared single copy needs the reverse permission: writing into the peers
   // (the probe writes the word's own value back). Same-process peers copy
   // with memcpy and need no probe.
-  bool can_push = self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX;
+  bool can_push = self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
+                  self->cma_xproc_threshold != UINT64_MAX;
   for (int i = 0; i < n && can_push; ++i) {
     if (i == r || !t->segs_[i] || t->segs_[i]->pid == getpid()) continue;
     uint64_t word = kCmaMagic;
