@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Interleaved A/B of Loom configurations: every configuration runs once per
+# round, rounds alternate (round 1 of all, round 2 of all, ...), and the
+# fastest out-of-place time per (configuration, size) is kept, so a burst of
+# load during one run does not decide.
+#
+# Usage: perf-tests/interleave.sh [-B build] [-R rounds] [-n ranks] [-i iters] [-x "perf args"] COLL SIZES CONFIG...
+#   COLL     all_reduce | reduce_scatter | all_gather | broadcast | reduce | alltoall | sendrecv
+#   SIZES    comma list (256K,1M,4M)
+#   CONFIG   ALGO[+fifo][+memalloc]: ALGO is auto or a name for -A; +fifo sets
+#            LOOM_SHM_SINGLE_COPY_BYTES=0 and LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=0
+#            (every message through the FIFO); +memalloc runs with -R 1.
+# Example: perf-tests/interleave.sh -R 3 all_reduce 1M,4M ring ring+fifo
+# Prints: config size min_us and every round's time.
+set -euo pipefail
+BUILD=build ROUNDS=3 NR=2 ITERS=20 EXTRA=""
+while getopts "B:R:n:i:x:h" o; do
+  case $o in
+    B) BUILD=$OPTARG ;; R) ROUNDS=$OPTARG ;; n) NR=$OPTARG ;; i) ITERS=$OPTARG ;; x) EXTRA=$OPTARG ;;
+    *) sed -n '2,15p' "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[[ $# -ge 3 ]] || { sed -n '2,15p' "$0"; exit 2; }
+COLL=$1 SIZES=$2; shift 2
+PERF=$BUILD/bin/${COLL}_perf
+[[ -x $PERF && -x $BUILD/bin/loomrun ]] || { echo "build $PERF first" >&2; exit 2; }
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+for ((i = 1; i <= ROUNDS; i++)); do
+  for c in "$@"; do
+    algo=${c%%+*} envs=() args=()
+    [[ $c == *+fifo* ]] && envs=(LOOM_SHM_SINGLE_COPY_BYTES=0 LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=0)
+    [[ $c == *+memalloc* ]] && args+=(-R 1)
+    [[ $algo != auto ]] && args+=(-A "$algo")
+    # shellcheck disable=SC2086
+    env "${envs[@]}" "$BUILD/bin/loomrun" -n "$NR" -- "$PERF" "${args[@]}" $EXTRA --sizes "$SIZES" -n "$ITERS" -w 5 --csv 2>/dev/null |
+      awk -F, -v c="$c" '$3 + 0 > 0 && $1 ~ /^\[0\]/ {print c, $3, $8}' >> "$out"
+  done
+done
+awk '{k = $1 " " $2; if (!(k in m) || $3 < m[k]) m[k] = $3; s[k] = s[k] " " $3}
+     END {for (k in m) print k, m[k], "|" s[k]}' "$out" | sort -k2,2n -k3,3n
