@@ -23,14 +23,14 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv between processes, memcpy between threads: one copy instead of two); 0 disables. "
-       "Applies to every message of the reducing collectives (allreduce, reduce_scatter, reduce); set, it is also "
+       "Applies to every message of the reducing collectives (allreduce, reduce_scatter, reduce) and of broadcast; set, it is also "
        "the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: between processes never (the FIFO's two copies "
        "measured 2x faster than process_vm_readv for these ops); between threads of one process 256K when the "
        "host runs no more ranks than it has CPUs, else 0. Messages from mem_alloc memory, Loom's scratch "
        "included, still go single copy through a mapping: LOOM_SHM_MAP_SHARED."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
-       "Single-copy threshold for the messages of the other collectives (all_gather, broadcast, all_to_all, "
-       "send/recv), which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
+       "Single-copy threshold for the messages of the other collectives (all_gather, all_to_all, send/recv), "
+       "which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
        "set, else 256K: below it, reading freshly written data from another process costs more than the FIFO's "
        "two copies (16K suits inputs that never change between calls, as in nccl-tests' loop)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
@@ -226,9 +226,13 @@ uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
   // single copy against FIFO: allreduce 1 MiB 136 -> 62 us, 4 MiB 628 -> 311,
   // 16 MiB 4993 -> 2631, 64 MiB 18475 -> 12991 (inputs rewritten before every
   // call, --fresh -z 1: 1 MiB 120 -> 58, 16 MiB 4916 -> 2475); reduce_scatter
-  // 1 MiB 82 -> 41, 16 MiB 2553 -> 1626. Stored messages of the other
-  // collectives keep LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (all_to_all measured
-  // 3-4x slower through the FIFO). mem_alloc buffers still go mapped.
+  // 1 MiB 82 -> 41, 16 MiB 2553 -> 1626. Broadcast too (its inner ranks
+  // forward what they just received): 4 ranks on 2 cores, min of 3, 1 MiB
+  // binomial 243 -> 130 us, chain 247 -> 163; 2 ranks a tie with unchanged
+  // inputs, 1.05-1.7x with fresh ones. all_gather and all_to_all keep
+  // LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (all_to_all 3-4x slower through the
+  // FIFO at 2 ranks, all_gather at 8 ranks 1.3-2x). mem_alloc buffers still
+  // go mapped.
   (void)local_ranks;
   return 0;
 }

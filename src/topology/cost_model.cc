@@ -35,8 +35,8 @@ struct Ctx {
   double n;  // bytes
   int p;
   double beta_scale;  // >= 1: fewer channels than needed to fill a link
-  // allreduce, reduce_scatter, reduce: the transport moves every message of
-  // the op as a reduced one (RankSchedule::reduced_class), stored ones too.
+  // allreduce, reduce_scatter, reduce, broadcast: the transport moves every
+  // message of the op as a reduced one (RankSchedule::reduced_class).
   bool reducing = false;
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
@@ -125,7 +125,7 @@ double fold_cost(const Ctx& x, bool reduce, bool result_back) {
 // (FIFO), 0 when the receiver reads it in place (single copy). Broadcast-like
 // sends land plain; reduce's are reduced on receipt.
 double rooted_sender_copies(const Ctx& x, bool red, double bytes) {
-  const size_t single = red ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
+  const size_t single = red || x.reducing ? x.c.single_copy_bytes : x.c.single_copy_plain_bytes;
   return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
 }
 
@@ -342,7 +342,8 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
   double fill = std::min(1.0, e.channels * c.channel_fraction);
   Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3),
-        coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce};
+        coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce ||
+            coll == Collective::kBroadcast};
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core
