@@ -83,12 +83,15 @@ struct Ctx {
     const double f = land == Land::kStoreThenReduce && c.oversubscribed ? 1.0 : c.single_copy_factor;
     return c.single_copy_alpha_us + m * beta * f;
   }
+  // A message of m bytes from Loom's scratch goes through a mapping.
+  bool mapped(double m) const {
+    return c.map_min_bytes > 0 && m >= static_cast<double>(c.map_min_bytes) &&
+           (c.map_cache_bytes == 0 || n <= static_cast<double>(c.map_cache_bytes) / 4);
+  }
   // A message that leaves from Loom's scratch (reduce_scatter's partial
   // sums): from map_min_bytes read through a mapping, no copy by the sender.
   double move_from_scratch(double m, double beta, Land land) const {
-    if (c.map_min_bytes == 0 || m < static_cast<double>(c.map_min_bytes) ||
-        (c.map_cache_bytes > 0 && n > static_cast<double>(c.map_cache_bytes) / 4))
-      return move(m, beta, land);
+    if (!mapped(m)) return move(m, beta, land);
     return c.single_copy_alpha_us + m * beta * c.mapped_factor;
   }
   // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.
@@ -220,7 +223,15 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   std::vector<double> w(static_cast<size_t>(p), 0.0);
   auto at = [&](int v) -> double& { return w[static_cast<size_t>(v)]; };
   // One message of m bytes, k times (chunks), from position s to position r.
-  auto msg = [&](int s, int r, double m, double k, double o, double b) {
+  // A reduce's inner ranks send their partial sums from Loom's scratch
+  // (`scratch`), which goes through a mapping from map_min_bytes as in
+  // reduce_scatter: no sender copy, the receiver reduces straight from it.
+  auto msg = [&](int s, int r, double m, double k, double o, double b, bool scratch = false) {
+    if (scratch && red && x.mapped(m)) {
+      at(s) += k * o;
+      at(r) += k * (o + x.c.single_copy_alpha_us + m * (b * x.c.mapped_factor + gam));
+      return;
+    }
     at(s) += k * (o + sender_copies(m) * m * b);
     at(r) += k * (o + m * (b + gam));
   };
@@ -231,16 +242,16 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       LinkCost l = x.ring();
       // Broadcast 0 -> 1 -> ... -> p-1; reduce 1 -> 2 -> ... -> p-1 -> 0.
       for (int i = 0; i + 1 < p; ++i)
-        red ? msg(i + 1, (i + 2) % p, c, k, l.alpha_us / 2, l.beta_us_per_byte)
+        red ? msg(i + 1, (i + 2) % p, c, k, l.alpha_us / 2, l.beta_us_per_byte, i > 0)
             : msg(i, i + 1, c, k, l.alpha_us / 2, l.beta_us_per_byte);
       break;
     }
     case AlgoKind::kTree: {
       LinkCost l = x.tree_edge();
       for (int v = 1; v < p; ++v) {
-        const int parent = btree_node(p, v).parent;
-        red ? msg(v, parent, c, k, l.alpha_us / 2, l.beta_us_per_byte)
-            : msg(parent, v, c, k, l.alpha_us / 2, l.beta_us_per_byte);
+        const TreeNode node = btree_node(p, v);
+        red ? msg(v, node.parent, c, k, l.alpha_us / 2, l.beta_us_per_byte, node.child[0] >= 0 || node.child[1] >= 0)
+            : msg(node.parent, v, c, k, l.alpha_us / 2, l.beta_us_per_byte);
       }
       break;
     }
@@ -251,7 +262,7 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
       for (int m = 1; m < p; m *= 2) {
         if (red)
-          for (int v = m; v < p; v += 2 * m) msg(v, v - m, n, 1, o, b);
+          for (int v = m; v < p; v += 2 * m) msg(v, v - m, n, 1, o, b, m > 1 && v + 1 < p);  // v has a child
         else
           for (int v = m; v < std::min(2 * m, p); ++v) msg(v - m, v, n, 1, o, b);
       }

@@ -213,6 +213,35 @@ TEST(TunerModel, OversubscribedRootedOpsPayForTheBusiestCore) {
             est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c));
 }
 
+// A reduce's inner ranks send their partial sums from Loom's scratch, read
+// through a mapping from map_min_bytes (as reduce_scatter's, run 13): the
+// sender copies nothing, the receiver reduces straight from the mapping.
+// Binomial, 4 ranks on 2 cores: 2 -> 0 (2 holds 3's sum) goes mapped.
+// Measured (algorithms.md run 14): 8 ranks 1 MiB binomial 437 us against the
+// chain's 707, which the model without the term had chosen.
+TEST(TunerModel, ReducePartialSumsGoMapped) {
+  const int p = 4;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20, hop = 1e-3;
+  CommCost c = uniform(p);
+  c.oversubscribed = true;
+  c.cores = 2;
+  c.single_copy_alpha_us = 1.0;
+  c.map_min_bytes = 256 << 10;
+  c.mapped_factor = 0.0;
+  c.map_cache_bytes = 32 << 20;
+  const double R = a / 2 + n * (b + g), S = a / 2 + n * b;
+  // Core 0 (ranks 0, 2): 0 <- 1 and 2 <- 3 from the senders' buffers (FIFO),
+  // 2's mapped send (o) and 0's reduction of it (o + alpha + n g).
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c), 2 * R + a / 2 + a / 2 + 1.0 + n * g + 2 * hop,
+              1e-6);
+  // Past a quarter of the cache (or below map_min_bytes) no mapping.
+  c.map_cache_bytes = 2 << 20;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c), 3 * R + S + 2 * hop, 1e-6);
+  // A broadcast forwards from its receive buffer: never mapped.
+  c.map_cache_bytes = 32 << 20;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 1 << 20, p, c), 3 * (a / 2 + n * b) + 2 * hop, 1e-6);
+}
+
 // Tiny broadcasts on 8 oversubscribed ranks: chain and binomial both cost
 // p - 1 messages, 7 message ends on each core; the tie goes to the shallower
 // binomial tree (3 hand-offs in a row, not 7). With a core per rank the
