@@ -23,7 +23,8 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv between processes, memcpy between threads: one copy instead of two); 0 disables. "
-       "Applies to every message of the reducing collectives (allreduce, reduce_scatter, reduce) and of broadcast; set, it is also "
+       "Applies to every message of the reducing collectives (allreduce, reduce_scatter, reduce) and of a broadcast "
+       "of more than 2 ranks; set, it is also "
        "the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: between processes never (the FIFO's two copies "
        "measured 2x faster than process_vm_readv for these ops); between threads of one process 256K when the "
        "host runs no more ranks than it has CPUs, else 0. Messages from mem_alloc memory, Loom's scratch "
@@ -228,8 +229,9 @@ uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
   // call, --fresh -z 1: 1 MiB 120 -> 58, 16 MiB 4916 -> 2475); reduce_scatter
   // 1 MiB 82 -> 41, 16 MiB 2553 -> 1626. Broadcast too (its inner ranks
   // forward what they just received): 4 ranks on 2 cores, min of 3, 1 MiB
-  // binomial 243 -> 130 us, chain 247 -> 163; 2 ranks a tie with unchanged
-  // inputs, 1.05-1.7x with fresh ones. all_gather and all_to_all keep
+  // binomial 243 -> 130 us, chain 247 -> 163 (from 3 ranks only: a 2-rank
+  // broadcast forwards nothing and its shared single copy measured 1.5x
+  // faster in compare.sh, 4-256 MiB). all_gather and all_to_all keep
   // LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (all_to_all 3-4x slower through the
   // FIFO at 2 ranks, all_gather at 8 ranks 1.3-2x). mem_alloc buffers still
   // go mapped.

@@ -35,8 +35,9 @@ struct Ctx {
   double n;  // bytes
   int p;
   double beta_scale;  // >= 1: fewer channels than needed to fill a link
-  // allreduce, reduce_scatter, reduce, broadcast: the transport moves every
-  // message of the op as a reduced one (RankSchedule::reduced_class).
+  // allreduce, reduce_scatter, reduce, broadcast of more than 2 ranks: the
+  // transport moves every message of the op as a reduced one
+  // (RankSchedule::reduced_class).
   bool reducing = false;
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
@@ -354,7 +355,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   double fill = std::min(1.0, e.channels * c.channel_fraction);
   Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3),
         coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce ||
-            coll == Collective::kBroadcast};
+            (coll == Collective::kBroadcast && p > 2)};
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core

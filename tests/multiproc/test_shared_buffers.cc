@@ -332,16 +332,17 @@ TEST(SharedBuffers, AFreedBufferIsNeverReadThroughAStaleMapping) {
 // all-gather half of the allreduce went by process_vm_readv while its reduced
 // half went through the FIFO, 1.3x slower than both through the FIFO.
 // With LOOM_SHM_SINGLE_COPY_BYTES set, the allreduce goes single copy again.
-void count_single_copies(Collective coll, const char* single_copy, bool expect_any) {
+void count_single_copies(Collective coll, const char* single_copy, bool expect_any, int nranks = 2) {
   if (coll == Collective::kBroadcast) unsetenv("LOOM_ALGO");  // whichever the tuner picks
   else setenv("LOOM_ALGO", coll == Collective::kAllReduce ? "allreduce:ring" : "all_gather:ring", 1);
-  run_ranks(2, [coll, expect_any](int, Comm& comm, std::string* err) {
+  run_ranks(nranks, [coll, expect_any](int r, Comm& comm, std::string* err) {
     testing::Case cs;
     cs.coll = coll;
     cs.count = coll == Collective::kAllGather ? size_t{1} << 19 : size_t{1} << 20;  // 4 MiB of floats in all
     const uint64_t single0 = ShmTransport::single_copy_messages();
     if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
     const uint64_t single = ShmTransport::single_copy_messages() - single0;
+    if (coll == Collective::kBroadcast && r == cs.root) return true;  // the root receives nothing
     if ((single > 0) != expect_any)
       return *err = std::to_string(single) + " single-copy messages in " +
                     collective_name(coll) + (expect_any ? " (expected some)" : " (expected none)"),
@@ -353,10 +354,12 @@ void count_single_copies(Collective coll, const char* single_copy, bool expect_a
 TEST(SingleCopyClass, AReducingCollectiveMovesEveryMessageThroughTheFifo) {
   count_single_copies(Collective::kAllReduce, nullptr, false);
 }
-// Broadcast too: its inner ranks forward what they have just received.
-TEST(SingleCopyClass, ABroadcastMovesEveryMessageThroughTheFifo) {
-  count_single_copies(Collective::kBroadcast, nullptr, false);
+// Broadcast of 3 ranks too: its inner ranks forward what they have just
+// received. Of 2 ranks nothing is forwarded: the root's buffer goes single copy.
+TEST(SingleCopyClass, ABroadcastOfThreeMovesEveryMessageThroughTheFifo) {
+  count_single_copies(Collective::kBroadcast, nullptr, false, 3);
 }
+TEST(SingleCopyClass, ABroadcastOfTwoGoesSingleCopy) { count_single_copies(Collective::kBroadcast, nullptr, true); }
 TEST(SingleCopyClass, AnAllGatherStillGoesSingleCopy) { count_single_copies(Collective::kAllGather, nullptr, true); }
 TEST(SingleCopyClass, TheThresholdSetGivesTheAllReduceSingleCopy) {
   count_single_copies(Collective::kAllReduce, "256K", true);
