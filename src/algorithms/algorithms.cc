@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/message_class.h"
+
 namespace loom {
 namespace {
 
@@ -76,14 +78,7 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
   for (const auto& p : args.p2p)
     if (p.peer < 0 || p.peer >= args.nranks)
       return invalid_argument(fmt::format("peer {} out of range [0, {})", p.peer, args.nranks));
-  // RankSchedule::reduced_class: the reducing collectives, and a broadcast
-  // of more than 2 ranks, whose inner ranks forward what they have just
-  // received (performance.md Run 13: through the FIFO 1.3-1.9x faster at 4
-  // ranks). With 2 ranks nothing is forwarded: the root's buffer goes single
-  // copy, shared by both cores (compare.sh, 4-256 MiB: 1.85-2.13x the best MPI
-  // that way, 1.01-1.44x through the FIFO).
-  const bool reducing = args.coll == Collective::kAllReduce || args.coll == Collective::kReduceScatter ||
-                        args.coll == Collective::kReduce || (args.coll == Collective::kBroadcast && args.nranks > 2);
+  const bool reducing = moves_as_reduced(args.coll, args.nranks);  // RankSchedule::reduced_class
   auto make = [&](const Algorithm* a) -> Result<RankSchedule> {
     Result<RankSchedule> s = a->make(args);
     if (s.is_ok()) s->reduced_class = reducing;

@@ -80,13 +80,11 @@ struct RankSchedule {
   size_t scratch_count = 0;  // elements of scratch the executor must provide
   std::string algorithm;     // "ring", "chain", "direct", ... (for logs and the recorder)
   // Every message of the op moves as a reduced one (Step::peer_reduces), the
-  // stored ones too: set by make_schedule for the reducing collectives
-  // (allreduce, reduce_scatter, reduce), whose stored messages carry what
-  // the op has just computed (a reduced block, a partial sum) or land in
-  // scratch to be reduced, and for a broadcast of more than 2 ranks, whose
-  // inner ranks forward what they have just received. A transport then picks one threshold for the whole
-  // op (shm: LOOM_SHM_SINGLE_COPY_BYTES, not ..._PLAIN_BYTES). Both ends
-  // build the same op, so they agree on every message's class.
+  // stored ones too: set by make_schedule where core/message_class.h says so
+  // (the reducing collectives; a broadcast of more than 2 ranks). A transport
+  // then picks one threshold for the whole op (shm: LOOM_SHM_SINGLE_COPY_BYTES,
+  // not ..._PLAIN_BYTES). Both ends build the same op, so they agree on every
+  // message's class.
   bool reduced_class = false;
 };
 

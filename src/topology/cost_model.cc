@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/btree.h"
+#include "core/message_class.h"
 
 namespace loom::topo {
 namespace {
@@ -35,9 +36,8 @@ struct Ctx {
   double n;  // bytes
   int p;
   double beta_scale;  // >= 1: fewer channels than needed to fill a link
-  // allreduce, reduce_scatter, reduce, broadcast of more than 2 ranks: the
-  // transport moves every message of the op as a reduced one
-  // (RankSchedule::reduced_class).
+  // The transport moves every message of the op as a reduced one
+  // (core/message_class.h, RankSchedule::reduced_class).
   bool reducing = false;
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
@@ -353,9 +353,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   int by_size = static_cast<int>(bytes / std::max<size_t>(c.min_bytes_per_channel, 1));
   e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
   double fill = std::min(1.0, e.channels * c.channel_fraction);
-  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3),
-        coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce ||
-            (coll == Collective::kBroadcast && p > 2)};
+  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3), moves_as_reduced(coll, p)};
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core

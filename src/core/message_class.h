@@ -1,0 +1,21 @@
+// Which collectives move every message as a reduced one (shm: one single-copy
+// threshold, LOOM_SHM_SINGLE_COPY_BYTES, for the whole op), shared by the
+// schedules (RankSchedule::reduced_class, algorithms.cc) and the cost model
+// that prices them (topology/cost_model.cc), so the two cannot disagree.
+#pragma once
+
+#include "loom/types.h"
+
+namespace loom {
+
+// The reducing collectives, whose stored messages carry what the op has just
+// computed or land in scratch to be reduced, and a broadcast of more than 2
+// ranks, whose inner ranks forward what they have just received. A 2-rank
+// broadcast forwards nothing: its root's buffer keeps the plain threshold
+// (shared single copy). Measured: docs/performance.md Run 13.
+inline bool moves_as_reduced(Collective coll, int nranks) {
+  return coll == Collective::kAllReduce || coll == Collective::kReduceScatter || coll == Collective::kReduce ||
+         (coll == Collective::kBroadcast && nranks > 2);
+}
+
+}  // namespace loom
