@@ -372,13 +372,18 @@ class ShmConnection final : public Connection {
 
   void set_sender_idle(bool idle) override { sender_idle_ = idle; }
 
+  // The receiving segment's single-copy threshold for a message of this class
+  // between this pair (both ends compute it alike).
+  uint64_t single_copy_threshold(const ShmTransport::Segment* receiver, bool reduced) const {
+    if (!reduced) return receiver->cma_plain_threshold;
+    return same_process_ ? receiver->cma_threshold : receiver->cma_xproc_threshold;
+  }
+
   size_t send_some(const std::byte* src, size_t msg_remaining) override {
     if (out_total_ == 0) {  // a new message starts
       out_total_ = msg_remaining;
       out_done_ = 0;
-      out_cma_ = msg_remaining >= (!send_reduced_ ? peer_->cma_plain_threshold
-                                   : same_process_ ? peer_->cma_threshold
-                                                   : peer_->cma_xproc_threshold);
+      out_cma_ = msg_remaining >= single_copy_threshold(peer_, send_reduced_);
       // Past the receiver's map_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
       out_hdr_ = !out_cma_ && msg_remaining >= peer_->map_min_bytes;
@@ -637,9 +642,7 @@ class ShmConnection final : public Connection {
     in_total_ = msg_remaining;
     in_done_ = 0;
     read_end_ = SIZE_MAX;
-    in_cma_ = msg_remaining >= (!recv_reduced_ ? self_->cma_plain_threshold
-                                : same_process_ ? self_->cma_threshold
-                                                : self_->cma_xproc_threshold);
+    in_cma_ = msg_remaining >= single_copy_threshold(self_, recv_reduced_);
     in_hdr_ = !in_cma_ && msg_remaining >= self_->map_min_bytes;  // resolved by resolve_header()
     in_slot_ = !in_cma_ && !in_hdr_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
