@@ -9,7 +9,8 @@
 #   SIZES    comma list (256K,1M,4M)
 #   CONFIG   ALGO[+fifo][+memalloc]: ALGO is auto or a name for -A; +fifo sets
 #            LOOM_SHM_SINGLE_COPY_BYTES=0 and LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=0
-#            (every message through the FIFO); +memalloc runs with -R 1.
+#            (every message through the FIFO); +memalloc runs with -R 1;
+#            +NAME=VALUE sets that environment variable (+LOOM_SHM_FIFO_STEP_BYTES=64K).
 # Example: perf-tests/interleave.sh -R 3 all_reduce 1M,4M ring ring+fifo
 # Prints: config size min_us and every round's time.
 set -euo pipefail
@@ -31,6 +32,8 @@ for ((i = 1; i <= ROUNDS; i++)); do
     algo=${c%%+*} envs=() args=()
     [[ $c == *+fifo* ]] && envs=(LOOM_SHM_SINGLE_COPY_BYTES=0 LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=0)
     [[ $c == *+memalloc* ]] && args+=(-R 1)
+    IFS=+ read -ra parts <<< "$c"
+    for p in "${parts[@]:1}"; do [[ $p == *=* ]] && envs+=("$p"); done
     [[ $algo != auto ]] && args+=(-A "$algo")
     # shellcheck disable=SC2086
     env "${envs[@]}" "$BUILD/bin/loomrun" -n "$NR" -- "$PERF" "${args[@]}" $EXTRA --sizes "$SIZES" -n "$ITERS" -w 5 --csv 2>/dev/null |

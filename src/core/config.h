@@ -39,6 +39,8 @@ bool parse_bytes_list(const std::string& text, std::vector<size_t>* out);
 namespace params {
 double timeout_s();          // LOOM_TIMEOUT
 uint64_t shm_fifo_bytes();   // LOOM_SHM_FIFO_BYTES
+// LOOM_SHM_FIFO_STEP_BYTES: most bytes per FIFO write/read (0: unlimited).
+uint64_t shm_fifo_step_bytes(int local_ranks);
 // LOOM_SHM_SINGLE_COPY_BYTES (messages the receiver reduces) and
 // LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (messages the receiver stores); 0 = never.
 // Their defaults depend on how many ranks share this host's CPUs.

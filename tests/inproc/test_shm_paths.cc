@@ -169,7 +169,50 @@ TEST(ShmPaths, SingleCopyThresholdDefaults) {
   unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
 }
 
+// A FIFO write publishes at most LOOM_SHM_FIFO_STEP_BYTES, so the receiver
+// copies one step out while the sender copies the next in (2 ranks, 1 MiB
+// broadcast through a 2 MiB FIFO: unlimited, the whole message is one write;
+// 64K steps, at least 16).
+TEST(ShmPaths, FifoWritesAreStepSized) {
+  for (const char* step : {"64K", "0"}) {
+    setenv("LOOM_SHM_SINGLE_COPY_BYTES", "0", 1);
+    setenv("LOOM_SHM_FIFO_BYTES", "2M", 1);
+    setenv("LOOM_SHM_FIFO_STEP_BYTES", step, 1);
+    auto comms = Comm::init_all(2);
+    unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
+    unsetenv("LOOM_SHM_FIFO_BYTES");
+    unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    testing::Case cs;
+    cs.coll = Collective::kBroadcast;
+    cs.count = size_t{1} << 20;
+    cs.dt = DataType::kInt8;
+    const uint64_t before = ShmTransport::fifo_writes();
+    run_all(*comms, {cs});
+    const uint64_t writes = ShmTransport::fifo_writes() - before;
+    if (std::string(step) == "0") EXPECT_LE(writes, 4u) << "unlimited steps";
+    else EXPECT_GE(writes, 16u) << "64K steps";
+  }
+}
+
+// Steps default to 256K with a CPU per rank, none oversubscribed (each step a
+// waiting receiver takes would be a context switch there).
+TEST(ShmPaths, FifoStepDefaults) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_EQ(params::shm_fifo_step_bytes(cpus), 256u << 10);
+  EXPECT_EQ(params::shm_fifo_step_bytes(cpus + 1), 0u);
+  setenv("LOOM_SHM_FIFO_STEP_BYTES", "96K", 1);
+  EXPECT_EQ(params::shm_fifo_step_bytes(cpus + 1), 96u << 10);
+  unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
+}
+
 TEST(ShmPaths, FifoOnly) { run_mix(3, "0", "64K"); }
+// Odd steps: partial reads and writes end off any power of two.
+TEST(ShmPaths, FifoOddSteps) {
+  setenv("LOOM_SHM_FIFO_STEP_BYTES", "4104", 1);
+  run_mix(3, "0", "64K");
+  unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
+}
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }
 TEST(ShmPaths, SingleCopyEverything) { run_mix(4, "1", "4K"); }
 

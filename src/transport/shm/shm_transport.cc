@@ -119,6 +119,7 @@ std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, t
 // Test counters of this process: small messages sent through slots, and
 // messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
+std::atomic<uint64_t> g_fifo_writes{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
 std::atomic<uint64_t> g_mapped_messages{0};
 // Bumps a test counter on the message path with a plain load + store, not an
@@ -353,7 +354,7 @@ class PeerMaps {
 class ShmConnection final : public Connection {
  public:
   ShmConnection(ShmTransport::Segment* self, ShmTransport::Segment* peer, int rank, int peer_rank, int nranks,
-                size_t cap, bool can_push, bool map_peers)
+                size_t cap, size_t step, bool can_push, bool map_peers)
       : self_(self),
         peer_(peer),
         out_ctl_(peer->ctl(rank)),
@@ -361,6 +362,7 @@ class ShmConnection final : public Connection {
         in_ctl_(self->ctl(peer_rank)),
         in_data_(self->data(peer_rank, nranks, cap)),
         cap_(cap),
+        step_(step),
         same_process_(peer->pid == self->pid) {
     tail_ = out_ctl_->tail.load(std::memory_order_relaxed);
     head_ = in_ctl_->head.load(std::memory_order_relaxed);
@@ -509,7 +511,7 @@ class ShmConnection final : public Connection {
 
   size_t send_fifo(const std::byte* src, size_t msg_remaining) {
     size_t pos = static_cast<size_t>(tail_ % cap_);
-    size_t contig = std::min(fifo_free(std::min(round8(msg_remaining), cap_ - pos)), cap_ - pos);
+    size_t contig = std::min({fifo_free(std::min(round8(msg_remaining), cap_ - pos)), cap_ - pos, step_});
     size_t n, adv;
     // Positions and free space are multiples of 8, so a whole padded message
     // fits whenever its unpadded size does.
@@ -524,6 +526,7 @@ class ShmConnection final : public Connection {
     tail_ += adv;
     out_ctl_->tail.store(tail_, std::memory_order_release);
     peer_->ring_if_armed();
+    bump_test_counter(g_fifo_writes);
     return n;
   }
 
@@ -669,7 +672,7 @@ class ShmConnection final : public Connection {
     size_t avail = static_cast<size_t>(tail - head_);
     if (avail == 0) return {};
     size_t pos = static_cast<size_t>(head_ % cap_);
-    size_t n = std::min({avail, cap_ - pos, msg_remaining});
+    size_t n = std::min({avail, cap_ - pos, msg_remaining, step_});
     return {in_data_ + pos, n};
   }
 
@@ -742,6 +745,9 @@ class ShmConnection final : public Connection {
   FifoCtl* in_ctl_;
   std::byte* in_data_;
   size_t cap_;
+  // Most bytes one FIFO write publishes or one read hands out, so the peer
+  // works on one step while this rank moves the next (LOOM_SHM_FIFO_STEP_BYTES).
+  size_t step_;
   bool same_process_;  // the peer is a thread of this process: single copy is a memcpy
   uint64_t tail_ = 0;  // our copy of out_ctl_->tail (we are its only writer)
   uint64_t head_seen_ = 0;  // out_ctl_->head as last read (it only grows)
@@ -995,6 +1001,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     }
   }
   if (params::shm_shared_copy() == 0) can_push = false;
+  const size_t fifo_step = params::shm_fifo_step_bytes(nlocal);
+  const size_t step = fifo_step ? std::max<size_t>(4096, round8(fifo_step)) : SIZE_MAX;
   const bool map_peers = params::shm_map_shared() != 0;
   st = boot.barrier(deadline);
   shm_unlink(t->own_name_.c_str());
@@ -1006,7 +1014,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     prefault(reinterpret_cast<std::byte*>(t->segs_[i]->ctl(r)), kFifoCtlBytes, true);  // control + slots to i
     prefault(self->data(i, n, t->fifo_bytes_), t->fifo_bytes_, false);           // inbound from i
     prefault(t->segs_[i]->data(r, n, t->fifo_bytes_), t->fifo_bytes_, true);     // outbound to i
-    t->conns_[i] = std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, can_push, map_peers);
+    t->conns_[i] =
+        std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, step, can_push, map_peers);
   }
   LOOM_INFO(kLogShm, "rank {}: shm transport up, {} local peers, fifo {} KiB", r,
             nlocal - 1, t->fifo_bytes_ >> 10);
@@ -1055,6 +1064,7 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 }
 
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::fifo_writes() { return g_fifo_writes.load(std::memory_order_relaxed); }
 size_t ShmTransport::slot_ring_size() { return kSlots; }
 uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.load(std::memory_order_relaxed); }
 uint64_t ShmTransport::mapped_messages() { return g_mapped_messages.load(std::memory_order_relaxed); }

@@ -45,6 +45,8 @@ class ShmTransport final : public Transport {
   // Small messages this process sent through cache-line slots
   // (LOOM_SHM_SLOTS), for tests; approximate when ranks are threads.
   static uint64_t slot_messages();
+  // FIFO writes that published bytes (each at most LOOM_SHM_FIFO_STEP_BYTES), for tests.
+  static uint64_t fifo_writes();
   // Small-message slots per pair and direction: a sender this many messages
   // ahead of its receiver waits (tests fill the ring).
   static size_t slot_ring_size();
