@@ -4,7 +4,8 @@
 # fastest out-of-place time per (configuration, size) is kept, so a burst of
 # load during one run does not decide.
 #
-# Usage: perf-tests/interleave.sh [-B build] [-R rounds] [-n ranks] [-i iters] [-x "perf args"] COLL SIZES CONFIG...
+# Usage: perf-tests/interleave.sh [-B build] [-R rounds] [-n ranks] [-i iters] [-I] [-x "perf args"] COLL SIZES CONFIG...
+#   -I       keep the in-place time instead of the out-of-place one
 #   COLL     all_reduce | reduce_scatter | all_gather | broadcast | reduce | alltoall | sendrecv
 #   SIZES    comma list (256K,1M,4M)
 #   CONFIG   ALGO[+fifo][+memalloc]: ALGO is auto or a name for -A; +fifo sets
@@ -14,15 +15,15 @@
 # Example: perf-tests/interleave.sh -R 3 all_reduce 1M,4M ring ring+fifo
 # Prints: config size min_us and every round's time.
 set -euo pipefail
-BUILD=build ROUNDS=3 NR=2 ITERS=20 EXTRA=""
-while getopts "B:R:n:i:x:h" o; do
+BUILD=build ROUNDS=3 NR=2 ITERS=20 EXTRA="" COL=8
+while getopts "B:R:n:i:x:Ih" o; do
   case $o in
-    B) BUILD=$OPTARG ;; R) ROUNDS=$OPTARG ;; n) NR=$OPTARG ;; i) ITERS=$OPTARG ;; x) EXTRA=$OPTARG ;;
-    *) sed -n '2,15p' "$0"; exit 2 ;;
+    B) BUILD=$OPTARG ;; R) ROUNDS=$OPTARG ;; n) NR=$OPTARG ;; i) ITERS=$OPTARG ;; x) EXTRA=$OPTARG ;; I) COL=12 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[[ $# -ge 3 ]] || { sed -n '2,15p' "$0"; exit 2; }
+[[ $# -ge 3 ]] || { sed -n '2,17p' "$0"; exit 2; }
 COLL=$1 SIZES=$2; shift 2
 PERF=$BUILD/bin/${COLL}_perf
 [[ -x $PERF && -x $BUILD/bin/loomrun ]] || { echo "build $PERF first" >&2; exit 2; }
@@ -37,7 +38,7 @@ for ((i = 1; i <= ROUNDS; i++)); do
     [[ $algo != auto ]] && args+=(-A "$algo")
     # shellcheck disable=SC2086
     env "${envs[@]}" "$BUILD/bin/loomrun" -n "$NR" -- "$PERF" "${args[@]}" $EXTRA --sizes "$SIZES" -n "$ITERS" -w 5 --csv 2>/dev/null |
-      awk -F, -v c="$c" '$3 + 0 > 0 && $1 ~ /^\[0\]/ {print c, $3, $8}' >> "$out"
+      awk -F, -v c="$c" -v col="$COL" '$3 + 0 > 0 && $1 ~ /^\[0\]/ {print c, $3, $col}' >> "$out"
   done
 done
 awk '{k = $1 " " $2; if (!(k in m) || $3 < m[k]) m[k] = $3; s[k] = s[k] " " $3}

@@ -33,10 +33,12 @@ std::vector<ParamInfo>& registry() {
        "host runs no more ranks than it has CPUs, else 0. Messages from mem_alloc memory, Loom's scratch "
        "included, still go single copy through a mapping: LOOM_SHM_MAP_SHARED."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
-       "Single-copy threshold for the messages of the other collectives (all_gather, all_to_all, send/recv), "
-       "which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
-       "set, else 256K: below it, reading freshly written data from another process costs more than the FIFO's "
-       "two copies (16K suits inputs that never change between calls, as in nccl-tests' loop)."},
+       "Single-copy threshold for the messages of the other collectives (all_gather, all_to_all, send/recv, "
+       "2-rank broadcast), which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
+       "set; else between processes never when the host runs no more ranks than it has CPUs (the FIFO, "
+       "copying in steps on both cores, measured 1.05-2x faster) and 256K when oversubscribed; between threads "
+       "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
+       "that never change between calls, as in nccl-tests' loop)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
@@ -246,11 +248,9 @@ uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
   // 1 MiB 82 -> 41, 16 MiB 2553 -> 1626. Broadcast too (its inner ranks
   // forward what they just received): 4 ranks on 2 cores, min of 3, 1 MiB
   // binomial 243 -> 130 us, chain 247 -> 163 (from 3 ranks only: a 2-rank
-  // broadcast forwards nothing and its shared single copy measured 1.5x
-  // faster in compare.sh, 4-256 MiB). all_gather and all_to_all keep
-  // LOOM_SHM_SINGLE_COPY_PLAIN_BYTES (all_to_all 3-4x slower through the
-  // FIFO at 2 ranks, all_gather at 8 ranks 1.3-2x). mem_alloc buffers still
-  // go mapped.
+  // broadcast forwards nothing: its messages are stored ones, see
+  // shm_single_copy_plain_xproc_bytes, which sends them through the FIFO
+  // too with a CPU per rank). mem_alloc buffers still go mapped.
   (void)local_ranks;
   return 0;
 }
@@ -276,6 +276,27 @@ uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   // on 2 cores: broadcast 64 KiB 10 -> 26 us at 16K).
   return kSingleCopyBytes;
 }
+uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks) {
+  if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES") || env_raw("LOOM_SHM_SINGLE_COPY_BYTES"))
+    return shm_single_copy_plain_bytes(local_ranks);
+  // Between processes with a CPU per rank, the stored messages (all_gather,
+  // all_to_all, send/recv) go through the FIFO too, now that its steps let
+  // both cores copy at once (LOOM_SHM_FIFO_STEP_BYTES). Measured, 2 ranks,
+  // slowest rank's time (-z 1 -a 3), min of 8-10 interleaved rounds, 256K
+  // single copy against FIFO, us: all_gather 256K/1M/4M/16M/64M 20.6/53.3/
+  // 223/2154/13132 against 11.4/47.1/204/2190/11626 (inputs rewritten each
+  // call, --fresh: 22.2/72.0/232/2365 against 10.9/37.8/210/2594); all_to_all
+  // 256K/1M/4M/16M/64M 23.9/71.6/288/2698/13162 against 16.6/54.6/264/2593/
+  // 12875; send/recv 256K/1M/4M/16M 28.2/122/428/3448 against 16.5/80.5/356/
+  // 3284; broadcast, in place (the root only sends: it writes half of a
+  // single-copy message into the receiver), min / median of 30 rounds,
+  // 1M/4M/16M 45.3/173/1746 against 31.0/120/1670, medians 98.1/260/2423
+  // against 45.5/152/2096.
+  // Oversubscribed, single copy from 256K as before (all_gather 8 ranks on
+  // 2 cores measured 1.3-2x faster by it).
+  return oversubscribed(local_ranks) ? kSingleCopyBytes : 0;
+}
+
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }

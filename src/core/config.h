@@ -52,6 +52,9 @@ bool oversubscribed(int local_ranks);
 // Reduced messages between ranks in different processes (the tuner's case).
 uint64_t shm_single_copy_xproc_bytes(int local_ranks);
 uint64_t shm_single_copy_plain_bytes(int local_ranks);
+// Stored messages between processes (default: never with a CPU per rank,
+// else LOOM_SHM_SINGLE_COPY_PLAIN_BYTES's default; either variable set, its value).
+uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks);
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
 int engine_spin_us();        // LOOM_ENGINE_SPIN_US

@@ -159,7 +159,7 @@ CommCost Tuner::derive_cost(int nranks) const {
   c.nhosts = std::max(rt.nhosts, 1);
   if (c.nhosts == 1) {
     c.single_copy_bytes = params::shm_single_copy_xproc_bytes(p);  // ranks are processes, as usual
-    c.single_copy_plain_bytes = params::shm_single_copy_plain_bytes(p);
+    c.single_copy_plain_bytes = params::shm_single_copy_plain_xproc_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
     if (c.oversubscribed) c.cores = params::host_cores();
     if (params::shm_map_shared() != 0) {

@@ -156,7 +156,11 @@ TEST(ShmPaths, SingleCopyThresholdDefaults) {
   EXPECT_EQ(params::shm_single_copy_bytes(1), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(cpus), 256u << 10);
   EXPECT_EQ(params::shm_single_copy_bytes(cpus + 1), 0u);
+  EXPECT_EQ(params::shm_single_copy_plain_xproc_bytes(1), 0u);
+  EXPECT_EQ(params::shm_single_copy_plain_xproc_bytes(cpus), 0u);
+  EXPECT_EQ(params::shm_single_copy_plain_xproc_bytes(cpus + 1), 256u << 10);
   setenv("LOOM_SHM_SINGLE_COPY_BYTES", "64K", 1);
+  EXPECT_EQ(params::shm_single_copy_plain_xproc_bytes(1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_xproc_bytes(1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_xproc_bytes(cpus + 1), 64u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 64u << 10);
@@ -165,6 +169,7 @@ TEST(ShmPaths, SingleCopyThresholdDefaults) {
   setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "8K", 1);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(1), 8u << 10);
   EXPECT_EQ(params::shm_single_copy_plain_bytes(cpus + 1), 8u << 10);
+  EXPECT_EQ(params::shm_single_copy_plain_xproc_bytes(1), 8u << 10);
   unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
   unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
 }

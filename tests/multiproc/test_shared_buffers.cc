@@ -87,7 +87,7 @@ TEST(SharedBuffers, MemAllocatorPutsLargeContainersInSharedMemory) {
 // threshold too: single copy then only by mapping, Segment::map_min_bytes);
 // nullptr: both unset, the defaults.
 void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body, const char* map_shared = "1",
-               const char* single_copy = "64K") {
+               const char* single_copy = "64K", const char* plain = nullptr) {
   auto id = testing::unique_id();
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   auto results = testing::run_processes(n, [&](int r, int fd) {
@@ -97,6 +97,7 @@ void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body,
     if (single_copy == nullptr) unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
     else setenv("LOOM_SHM_SINGLE_COPY_BYTES", single_copy, 1);
     if (single_copy && std::strcmp(single_copy, "0") == 0) setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "0", 1);
+    if (plain) setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", plain, 1);
     setenv("LOOM_SHM_MAP_SHARED", map_shared, 1);
     auto comm = Comm::init_rank(*id, n, r);
     std::string err;
@@ -325,14 +326,17 @@ TEST(SharedBuffers, AFreedBufferIsNeverReadThroughAStaleMapping) {
   });
 }
 
-// The message class of a reducing collective is the op's: between processes
-// (defaults) a 2-rank ring allreduce of 4 MiB reads nothing single copy, its
-// all-gather half (2 MiB stored messages, above the plain threshold) included;
-// an all_gather of the same size does go single copy. Regression: the
-// all-gather half of the allreduce went by process_vm_readv while its reduced
-// half went through the FIFO, 1.3x slower than both through the FIFO.
+// The message class of a reducing collective is the op's: with
+// LOOM_SHM_SINGLE_COPY_PLAIN_BYTES=256K (stored messages between processes
+// single copy from 256K, reduced ones never) a 2-rank ring allreduce of
+// 4 MiB reads nothing single copy, its all-gather half (2 MiB stored
+// messages) included, while an all_gather of the same size does. Regression:
+// the all-gather half of the allreduce went by process_vm_readv while its
+// reduced half went through the FIFO, 1.3x slower than both through the FIFO.
 // With LOOM_SHM_SINGLE_COPY_BYTES set, the allreduce goes single copy again.
-void count_single_copies(Collective coll, const char* single_copy, bool expect_any, int nranks = 2) {
+// plain: LOOM_SHM_SINGLE_COPY_PLAIN_BYTES, nullptr for the default.
+void count_single_copies(Collective coll, const char* single_copy, bool expect_any, int nranks = 2,
+                         const char* plain = "256K") {
   if (coll == Collective::kBroadcast) unsetenv("LOOM_ALGO");  // whichever the tuner picks
   else setenv("LOOM_ALGO", coll == Collective::kAllReduce ? "allreduce:ring" : "all_gather:ring", 1);
   run_ranks(nranks, [coll, expect_any](int r, Comm& comm, std::string* err) {
@@ -348,21 +352,37 @@ void count_single_copies(Collective coll, const char* single_copy, bool expect_a
                     collective_name(coll) + (expect_any ? " (expected some)" : " (expected none)"),
              false;
     return true;
-  }, "0", single_copy);
+  }, "0", single_copy, plain);
   unsetenv("LOOM_ALGO");
 }
 TEST(SingleCopyClass, AReducingCollectiveMovesEveryMessageThroughTheFifo) {
   count_single_copies(Collective::kAllReduce, nullptr, false);
 }
 // Broadcast of 3 ranks too: its inner ranks forward what they have just
-// received. Of 2 ranks nothing is forwarded: the root's buffer goes single copy.
+// received. Of 2 ranks nothing is forwarded: the root's buffer is stored.
 TEST(SingleCopyClass, ABroadcastOfThreeMovesEveryMessageThroughTheFifo) {
   count_single_copies(Collective::kBroadcast, nullptr, false, 3);
 }
-TEST(SingleCopyClass, ABroadcastOfTwoGoesSingleCopy) { count_single_copies(Collective::kBroadcast, nullptr, true); }
-TEST(SingleCopyClass, AnAllGatherStillGoesSingleCopy) { count_single_copies(Collective::kAllGather, nullptr, true); }
+TEST(SingleCopyClass, ABroadcastOfTwoIsStored) { count_single_copies(Collective::kBroadcast, nullptr, true); }
+TEST(SingleCopyClass, AnAllGatherIsStored) { count_single_copies(Collective::kAllGather, nullptr, true); }
 TEST(SingleCopyClass, TheThresholdSetGivesTheAllReduceSingleCopy) {
   count_single_copies(Collective::kAllReduce, "256K", true);
+}
+
+// By default, between processes with a CPU per rank, stored messages go
+// through the FIFO too (its steps let both cores copy at once: all_gather,
+// all_to_all, send/recv and the 2-rank broadcast measured 1.05-2x faster
+// than by process_vm_readv, config.cc); oversubscribed they go single copy
+// from 256K (all_gather 8 ranks on 2 cores 1.3-2x faster so).
+TEST(SingleCopyClass, StoredMessagesGoThroughTheFifoWithACpuPerRank) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  count_single_copies(Collective::kAllGather, nullptr, cpus < 2, 2, nullptr);
+  count_single_copies(Collective::kBroadcast, nullptr, cpus < 2, 2, nullptr);
+}
+TEST(SingleCopyClass, OversubscribedStoredMessagesGoSingleCopy) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cpus > 3) GTEST_SKIP() << cpus << " CPUs: " << cpus + 1 << " processes would be too many for this test";
+  count_single_copies(Collective::kAllGather, nullptr, true, cpus + 1, nullptr);
 }
 
 }  // namespace

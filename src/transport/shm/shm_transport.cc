@@ -179,11 +179,12 @@ struct ShmTransport::Segment {
   // path (UINT64_MAX: disabled, e.g. when process_vm_readv is not permitted):
   // cma_threshold for messages this rank reduces, cma_plain_threshold for
   // those it only stores (Connection::set_recv_reduced says which);
-  // cma_xproc_threshold replaces cma_threshold when the sender is another
-  // process (process_vm_readv; between threads single copy is a memcpy).
+  // The xproc thresholds replace them when the sender is another process
+  // (process_vm_readv; between threads single copy is a memcpy).
   uint64_t cma_threshold;
   uint64_t cma_plain_threshold;
   uint64_t cma_xproc_threshold;
+  uint64_t cma_plain_xproc_threshold;
   // Messages to this rank of at most this many bytes use the slots (0: none).
   uint64_t slot_max_bytes;
   // Messages to this rank of at least this many bytes that the thresholds
@@ -191,7 +192,7 @@ struct ShmTransport::Segment {
   // sender's descriptor when the bytes lie in a mem_alloc buffer (read
   // through a mapping), else a kInlineMagic marker before the bytes in the
   // FIFO. UINT64_MAX: no such messages (mapping off or not permitted).
-  uint64_t map_min_bytes;
+  uint64_t hdr_min_bytes;
   uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
 
   FifoCtl* ctl(int from) {
@@ -377,8 +378,8 @@ class ShmConnection final : public Connection {
   // The receiving segment's single-copy threshold for a message of this class
   // between this pair (both ends compute it alike).
   uint64_t single_copy_threshold(const ShmTransport::Segment* receiver, bool reduced) const {
-    if (!reduced) return receiver->cma_plain_threshold;
-    return same_process_ ? receiver->cma_threshold : receiver->cma_xproc_threshold;
+    if (same_process_) return reduced ? receiver->cma_threshold : receiver->cma_plain_threshold;
+    return reduced ? receiver->cma_xproc_threshold : receiver->cma_plain_xproc_threshold;
   }
 
   size_t send_some(const std::byte* src, size_t msg_remaining) override {
@@ -386,9 +387,9 @@ class ShmConnection final : public Connection {
       out_total_ = msg_remaining;
       out_done_ = 0;
       out_cma_ = msg_remaining >= single_copy_threshold(peer_, send_reduced_);
-      // Past the receiver's map_min_bytes a message the thresholds leave to
+      // Past the receiver's hdr_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
-      out_hdr_ = !out_cma_ && msg_remaining >= peer_->map_min_bytes;
+      out_hdr_ = !out_cma_ && msg_remaining >= peer_->hdr_min_bytes;
       out_ref_ = (out_cma_ || out_hdr_) ? shared_buffers::find(src, msg_remaining) : std::nullopt;
       if (out_hdr_ && out_ref_) out_cma_ = true, out_hdr_ = false;
       out_slot_ = !out_cma_ && !out_hdr_ && msg_remaining <= peer_->slot_max_bytes;
@@ -646,7 +647,7 @@ class ShmConnection final : public Connection {
     in_done_ = 0;
     read_end_ = SIZE_MAX;
     in_cma_ = msg_remaining >= single_copy_threshold(self_, recv_reduced_);
-    in_hdr_ = !in_cma_ && msg_remaining >= self_->map_min_bytes;  // resolved by resolve_header()
+    in_hdr_ = !in_cma_ && msg_remaining >= self_->hdr_min_bytes;  // resolved by resolve_header()
     in_slot_ = !in_cma_ && !in_hdr_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
   }
@@ -681,7 +682,7 @@ class ShmConnection final : public Connection {
     return take_header() && accept_descriptor();
   }
 
-  // A message announced by a header (Segment::map_min_bytes): a descriptor
+  // A message announced by a header (Segment::hdr_min_bytes): a descriptor
   // makes it single copy, kInlineMagic a FIFO message whose bytes follow.
   bool resolve_header() {
     if (!take_header()) return false;
@@ -765,7 +766,7 @@ class ShmConnection final : public Connection {
   // Incoming message state.
   size_t in_total_ = 0, in_done_ = 0;
   bool in_cma_ = false, have_desc_ = false;
-  bool in_hdr_ = false;  // a header says how this message comes (Segment::map_min_bytes)
+  bool in_hdr_ = false;  // a header says how this message comes (Segment::hdr_min_bytes)
   CmaDescriptor desc_{};
   std::unique_ptr<std::byte[]> stage_;
   int cma_errno_ = 0;
@@ -927,11 +928,13 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   const uint64_t single_copy = params::shm_single_copy_bytes(nlocal);
   const uint64_t single_copy_plain = params::shm_single_copy_plain_bytes(nlocal);
   const uint64_t single_copy_xproc = params::shm_single_copy_xproc_bytes(nlocal);
+  const uint64_t single_copy_plain_xproc = params::shm_single_copy_plain_xproc_bytes(nlocal);
   self->cma_threshold = single_copy ? single_copy : UINT64_MAX;
   self->cma_plain_threshold = single_copy_plain ? single_copy_plain : UINT64_MAX;
   self->cma_xproc_threshold = single_copy_xproc ? single_copy_xproc : UINT64_MAX;
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
-  self->map_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
+  self->cma_plain_xproc_threshold = single_copy_plain_xproc ? single_copy_plain_xproc : UINT64_MAX;
+  self->hdr_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
   for (int i = 0; i < n; ++i) {
     new (&self->ctl(i)->tail) std::atomic<uint64_t>(0);
@@ -966,7 +969,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // Yama/seccomp restriction): probe every local peer; if one fails, messages
   // to this rank fall back to the FIFO path.
   if (self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
-      self->cma_xproc_threshold != UINT64_MAX || self->map_min_bytes != UINT64_MAX) {
+      self->cma_xproc_threshold != UINT64_MAX || self->cma_plain_xproc_threshold != UINT64_MAX ||
+      self->hdr_min_bytes != UINT64_MAX) {
     for (int i = 0; i < n; ++i) {
       if (i == r || !t->segs_[i]) continue;
       uint64_t word = 0;
@@ -979,7 +983,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
         self->cma_threshold = UINT64_MAX;
         self->cma_plain_threshold = UINT64_MAX;
         self->cma_xproc_threshold = UINT64_MAX;
-        self->map_min_bytes = UINT64_MAX;  // a mapping that fails falls back to the same reads
+        self->cma_plain_xproc_threshold = UINT64_MAX;
+        self->hdr_min_bytes = UINT64_MAX;  // a mapping that fails falls back to the same reads
         break;
       }
     }
@@ -988,7 +993,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // (the probe writes the word's own value back). Same-process peers copy
   // with memcpy and need no probe.
   bool can_push = self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
-                  self->cma_xproc_threshold != UINT64_MAX;
+                  self->cma_xproc_threshold != UINT64_MAX || self->cma_plain_xproc_threshold != UINT64_MAX;
   for (int i = 0; i < n && can_push; ++i) {
     if (i == r || !t->segs_[i] || t->segs_[i]->pid == getpid()) continue;
     uint64_t word = kCmaMagic;
