@@ -126,17 +126,13 @@ Result<RankSchedule> tree_allreduce(const CollArgs& a) {
   RankSchedule s;
   s.algorithm = "tree";
   if (a.count == 0) return s;
-  // Tree A: position = rank. Tree B (as NCCL): shifted by one for odd n,
-  // mirrored for even n; either way A's leaves (odd positions) become
-  // interior nodes of B and vice versa (rank 0 excepted for odd n).
+  // Tree A: position = rank; tree B: dbtree_second_pos (core/btree.h).
   std::vector<int> rank_a(n), rank_b(n);
-  int pos_b = 0;
   for (int i = 0; i < n; ++i) {
     rank_a[i] = i;
-    int sigma = (n % 2) ? mod(i - 1, n) : n - 1 - i;
-    rank_b[sigma] = i;
-    if (i == r) pos_b = sigma;
+    rank_b[dbtree_second_pos(n, i)] = i;
   }
+  const int pos_b = dbtree_second_pos(n, r);
   // With fewer than two chunks' worth of data one tree is enough.
   const size_t half = a.count / 2;
   std::vector<TreeRole> trees;

@@ -25,6 +25,23 @@ TreeNode btree_node(int n, int pos) {
   return t;
 }
 
+int dbtree_second_pos(int n, int rank) { return (n % 2) ? (rank + n - 1) % n : n - 1 - rank; }
+
+DbtreeLoad dbtree_max_load(int n) {
+  auto children = [n](int pos) {
+    const TreeNode t = btree_node(n, pos);
+    return (t.child[0] >= 0) + (t.child[1] >= 0);
+  };
+  auto has_parent = [n](int pos) { return btree_node(n, pos).parent >= 0 ? 1 : 0; };
+  DbtreeLoad most;
+  for (int r = 0; r < n; ++r) {
+    const int b = dbtree_second_pos(n, r);
+    most.sends = std::max(most.sends, children(r) + has_parent(r) + children(b) + has_parent(b));
+    most.reduces = std::max(most.reduces, children(r) + children(b));
+  }
+  return most;
+}
+
 int btree_depth(int n) {
   int d = 0;
   for (int i = 0; i < n; ++i) d = std::max(d, btree_node(n, i).depth);

@@ -24,4 +24,19 @@ struct TreeNode {
 TreeNode btree_node(int n, int pos);
 int btree_depth(int n);  // the largest depth of any position
 
+// The double binary tree (allreduce): tree A has rank = position, tree B (as
+// NCCL) shifts positions by one for odd n and mirrors them for even n, so
+// A's leaves (odd positions) are interior nodes of B and vice versa (rank 0
+// excepted for odd n). The position of `rank` in tree B:
+int dbtree_second_pos(int n, int rank);
+// The busiest rank's share of one allreduce over both trees, each tree
+// carrying half the data, in halves: `sends` one up and one per child in
+// each tree (2 at n = 2: n bytes, as in a ring; 4 for most larger n: 2n),
+// `reduces` one per child (1 at n = 2, 2 for most larger n).
+struct DbtreeLoad {
+  int sends = 0;
+  int reduces = 0;
+};
+DbtreeLoad dbtree_max_load(int n);
+
 }  // namespace loom

@@ -377,11 +377,14 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         }
         case AlgoKind::kTree: {
           // Reduce up then broadcast down, pipelined; with a double binary
-          // tree every rank injects about 2n in total (as a ring does).
+          // tree the busiest rank sends 2n in all and reduces n for most p
+          // (as a ring does), n and n/2 at p = 2 (each rank the root of one
+          // tree, the leaf of the other: one half up, the other down).
+          const DbtreeLoad load = dbtree_max_load(x.p);
           LinkCost l = x.tree_edge();
-          l.beta_us_per_byte *= 2;
+          l.beta_us_per_byte *= load.sends / 2.0;
           Pipe pi = pipelined(2 * L, n, l, c.min_chunk_bytes);
-          t = pi.us + n * x.g();
+          t = pi.us + load.reduces / 2.0 * n * x.g();
           chunk = (pi.chunk + static_cast<size_t>(e.channels) - 1) / static_cast<size_t>(e.channels);
           break;
         }
