@@ -115,6 +115,9 @@ struct CommCost {
   // collectives are then priced by the busiest core, with rank r on core
   // r mod cores (loomrun --bind core, the default; see cost_model.cc).
   int cores = 0;
+  // Oversubscribed: what one rank's turn costs a peer waiting for it, per
+  // round of dependent messages (allreduce; measured, see cost_model.cc).
+  double hand_off_us = 0.6;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };
