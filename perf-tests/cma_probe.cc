@@ -57,6 +57,9 @@ double measure(size_t n, bool dirty, bool readv, int rounds, std::byte* priv, st
   sh->src_pid = getpid();
   std::byte* src = readv ? priv : shm;
   std::memset(src, 1, n);
+  // The child must not inherit unwritten stdout (a pipe is fully buffered):
+  // whatever flushes it there prints the rows again (seen under TSan).
+  fflush(stdout);
   pid_t b = fork();
   if (b < 0) return -1;
   if (b == 0) {
