@@ -116,8 +116,8 @@ constexpr uint64_t kCmaMappable = 2;
 constexpr size_t kPushMinBytes = 512 << 10;  // below this, one reader is as fast
 std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this process
 std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, this process
-// Test counters of this process: small messages sent through slots, and
-// messages received by single copy.
+// Test counters of this process: small messages sent through slots, FIFO
+// writes that published bytes, and messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
 std::atomic<uint64_t> g_fifo_writes{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
