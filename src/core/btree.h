@@ -1,6 +1,6 @@
-// The binary tree shape shared by the tree schedules (algorithms/tree.cc)
-// and the cost model (topology/cost_model.cc), which prices each position's
-// work.
+// Shapes shared by the schedules (algorithms/) and the cost model
+// (topology/cost_model.cc), which prices each position's work: the binary
+// tree of the tree schedules and the fold of the recursive ones.
 #pragma once
 
 namespace loom {
@@ -9,6 +9,33 @@ inline int floor_pow2(int p) {
   int v = 1;
   while (v * 2 <= p) v *= 2;
   return v;
+}
+
+// Fold of a non-power-of-two group for recursive algorithms (MPICH's variant,
+// Thakur/Rabenseifner/Gropp 2005): with p2 = floor_pow2(n) and e = n - p2,
+// the first 2e members pair up (2i, 2i+1); the even one ("extra") hands its
+// data to the odd one and sits out; the p2 remaining members ("core") are
+// renumbered 0..p2-1 in rank order. We fold the *first* 2e members rather
+// than the last so that core numbers stay monotone in rank (the canonical
+// operand order of algorithms/patterns.h relies on it) and each core member covers a contiguous
+// range of original members (all_gather / reduce_scatter blocks stay contiguous).
+struct Fold {
+  int n = 1, p2 = 1, extra = 0;
+  bool is_extra(int i) const { return i < 2 * extra && i % 2 == 0; }
+  // Core number of member i (-1 for an extra member).
+  int core_of(int i) const { return is_extra(i) ? -1 : (i < 2 * extra ? i / 2 : i - extra); }
+  // Member of core number c.
+  int member_of(int c) const { return c < extra ? 2 * c + 1 : c + extra; }
+  // First original member covered by core number c, and how many (1 or 2).
+  int first_member(int c) const { return c < extra ? 2 * c : c + extra; }
+  int members(int c) const { return c < extra ? 2 : 1; }
+};
+inline Fold make_fold(int n) {
+  Fold f;
+  f.n = n;
+  f.p2 = floor_pow2(n);
+  f.extra = n - f.p2;
+  return f;
 }
 
 // A binary tree over positions 0..n-1 rooted at position 0, as in NCCL's

@@ -134,15 +134,18 @@ struct Report {
 
 }  // namespace
 
-Result<bool> agree_calibration_request(Bootstrap& boot, bool requested, Deadline deadline) {
+Result<CalibrationRequest> agree_calibration_request(Bootstrap& boot, CalibrationRequest mine, Deadline deadline) {
   const int p = boot.nranks();
   std::vector<uint8_t> flags(static_cast<size_t>(p), 0);
-  flags[static_cast<size_t>(boot.rank())] = requested ? 1 : 0;
+  flags[static_cast<size_t>(boot.rank())] = static_cast<uint8_t>((mine.calibrate ? 1 : 0) | (mine.hand_off ? 2 : 0));
   LOOM_RETURN_IF_ERROR(boot.allgather(flags.data(), 1, deadline).with_context("calibration request exchange"));
-  int n = static_cast<int>(std::count(flags.begin(), flags.end(), uint8_t{1}));
+  int n = static_cast<int>(std::count_if(flags.begin(), flags.end(), [](uint8_t f) { return (f & 1) != 0; }));
   if (n > 0 && n < p && boot.rank() == 0)
     LOOM_WARN(kLogTune, "LOOM_TUNE_CALIBRATE=1 on {} of {} ranks only; calibrating on all", n, p);
-  return n > 0;
+  CalibrationRequest agreed;
+  agreed.calibrate = n > 0;
+  agreed.hand_off = std::all_of(flags.begin(), flags.end(), [](uint8_t f) { return (f & 2) != 0; });
+  return agreed;
 }
 
 Result<Calibration> calibrate_comm(Executor& exec, Bootstrap& boot, int rank, int nranks, Deadline deadline,
@@ -195,6 +198,64 @@ Result<Calibration> calibrate_comm(Executor& exec, Bootstrap& boot, int rank, in
   c.bw_GBps = c.pairs > 0 ? bw : 0;
   c.elapsed_ms = us_since(t_start) / 1e3;
   return c;
+}
+
+namespace {
+
+// `rounds` phases of one exchange each: send to rank + d, receive from
+// rank - d (mod nranks); every phase depends on the previous one.
+RankSchedule shift_rounds(int rank, int nranks, int d, int rounds, size_t bytes) {
+  RankSchedule s;
+  s.algorithm = "hand-off probe";
+  for (int i = 0; i < rounds; ++i) {
+    Step snd, rcv;
+    snd.kind = StepKind::kSend;
+    snd.peer = (rank + d) % nranks;
+    snd.src = {kBufSend, 0};
+    snd.count = bytes;
+    rcv.kind = StepKind::kRecv;
+    rcv.peer = (rank - d % nranks + nranks) % nranks;
+    rcv.dst = {kBufRecv, 0};
+    rcv.count = bytes;
+    s.phases.push_back(Phase{{snd, rcv}});
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<HandOffProbe> probe_hand_off(Executor& exec, Bootstrap& boot, int rank, int nranks, int cores,
+                                    Deadline deadline, int rounds, int reps) {
+  if (nranks <= cores || cores < 1 || rounds < 1 || reps < 1)
+    return invalid_argument(fmt::format("hand-off probe needs more ranks ({}) than cores ({})", nranks, cores));
+  auto t_start = WallClock::now();
+  constexpr size_t kBytes = 8;
+  std::vector<std::byte> send(kBytes, std::byte{0x5a}), recv(kBytes);
+  std::vector<std::byte*> bufs = {send.data(), recv.data(), nullptr};
+  double mine[2];
+  const int dist[2] = {1, cores};
+  for (int k = 0; k < 2; ++k) {
+    RankSchedule s = shift_rounds(rank, nranks, dist[k], rounds, kBytes);
+    double best = std::numeric_limits<double>::infinity();
+    for (int it = 0; it <= reps; ++it) {  // the first run warms up
+      auto t0 = WallClock::now();
+      LOOM_RETURN_IF_ERROR(exec.run(s, bufs, DataType::kUint8, RedOp::kSum, deadline,
+                                    fmt::format("hand-off probe ({} rounds at distance {})", rounds, dist[k])));
+      if (it > 0) best = std::min(best, us_since(t0) / rounds);
+    }
+    mine[k] = best;
+  }
+  std::vector<double> all(2 * static_cast<size_t>(nranks));
+  all[2 * static_cast<size_t>(rank)] = mine[0];
+  all[2 * static_cast<size_t>(rank) + 1] = mine[1];
+  LOOM_RETURN_IF_ERROR(boot.allgather(all.data(), 2 * sizeof(double), deadline).with_context("hand-off probe exchange"));
+  HandOffProbe h;
+  for (int r = 0; r < nranks; ++r) {
+    h.across_us = std::max(h.across_us, all[2 * static_cast<size_t>(r)]);
+    h.within_us = std::max(h.within_us, all[2 * static_cast<size_t>(r) + 1]);
+  }
+  h.elapsed_ms = us_since(t_start) / 1e3;
+  return h;
 }
 
 }  // namespace loom

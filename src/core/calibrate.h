@@ -41,15 +41,38 @@ struct CalibrationOptions {
   int reduce_iters = 3;
 };
 
-// Whether this communicator calibrates: one bootstrap allgather of each rank's
-// request (LOOM_TUNE_CALIBRATE), so all ranks agree even when the variable is
-// set on some ranks only (then every rank calibrates, with a warning).
-Result<bool> agree_calibration_request(Bootstrap& boot, bool requested, Deadline deadline);
+// What this communicator measures at init, agreed by one bootstrap allgather
+// of each rank's wishes so that all ranks run the same measurements (a rank
+// that probes alone would wait for its peers until the deadline):
+//  - calibrate (LOOM_TUNE_CALIBRATE): when any rank asks (then every rank
+//    calibrates, with a warning when only some asked);
+//  - hand_off (LOOM_TUNE_HAND_OFF and more ranks on the host than CPUs):
+//    when every rank asks.
+struct CalibrationRequest {
+  bool calibrate = false;
+  bool hand_off = false;
+};
+Result<CalibrationRequest> agree_calibration_request(Bootstrap& boot, CalibrationRequest mine, Deadline deadline);
 
 // Measures and agrees (see above). Every rank of the communicator must call it
 // with the same options. nranks == 1 measures the reduction only (alpha and
 // bandwidth stay 0).
 Result<Calibration> calibrate_comm(Executor& exec, Bootstrap& boot, int rank, int nranks, Deadline deadline,
                                    const CalibrationOptions& options = {});
+
+// Oversubscribed hand-off probe (LOOM_TUNE_HAND_OFF). Every rank exchanges
+// 8 B with ring neighbours, `rounds` dependent rounds in a row (send to
+// r + d, receive from r - d), for d = 1 (rank r runs on core r mod cores:
+// partners on other cores) and d = cores (partners on the same core), `reps`
+// times after a warm-up; a rank's figure is its fastest repetition per round.
+// The slowest rank's figures are agreed through one bootstrap allgather, so
+// every rank gets bit-identical values. Needs nranks > cores >= 1.
+struct HandOffProbe {
+  double across_us = 0;  // one round, partners on different cores
+  double within_us = 0;  // one round, partners on the same core
+  double elapsed_ms = 0;
+};
+Result<HandOffProbe> probe_hand_off(Executor& exec, Bootstrap& boot, int rank, int nranks, int cores,
+                                    Deadline deadline, int rounds = 16, int reps = 3);
 
 }  // namespace loom

@@ -587,15 +587,29 @@ Status CommImpl::destroy() {
 }
 
 Status CommImpl::calibrate_tuner(Deadline deadline) {
-  const bool requested = tuner_->calibration_requested() || params::tune_calibrate();
-  LOOM_ASSIGN_OR_RETURN(bool calibrate, agree_calibration_request(*boot_, requested, deadline));
-  if (!calibrate) return Status::ok();
-  auto cal = calibrate_comm(*exec_, *boot_, rank_, nranks_, deadline);
-  if (!cal.is_ok()) return cal.status().with_context("tuner calibration (LOOM_TUNE_CALIBRATE=1)");
-  LOOM_INFO(kLogTune, "{} rank {}: calibrated alpha {:.2f} us, bandwidth {:.2f} GB/s ({} ring pairs), reduce {:.2f} GB/s"
-            " in {:.1f} ms", name_, rank_, cal->alpha_us, cal->bw_GBps, cal->pairs, cal->reduce_GBps, cal->elapsed_ms);
-  if (cal->pairs == 0) return Status::ok();  // one rank: no link to measure, keep the topology's parameters
-  return tuner_->calibrate(cal->alpha_us, cal->bw_GBps, cal->reduce_GBps).with_context("tuner calibration");
+  CalibrationRequest mine;
+  mine.calibrate = tuner_->calibration_requested() || params::tune_calibrate();
+  mine.hand_off = params::tune_hand_off() && tuner_->cost(nranks_).oversubscribed;
+  LOOM_ASSIGN_OR_RETURN(CalibrationRequest agreed, agree_calibration_request(*boot_, mine, deadline));
+  if (agreed.calibrate) {
+    auto cal = calibrate_comm(*exec_, *boot_, rank_, nranks_, deadline);
+    if (!cal.is_ok()) return cal.status().with_context("tuner calibration (LOOM_TUNE_CALIBRATE=1)");
+    LOOM_INFO(kLogTune, "{} rank {}: calibrated alpha {:.2f} us, bandwidth {:.2f} GB/s ({} ring pairs), reduce {:.2f} GB/s"
+              " in {:.1f} ms", name_, rank_, cal->alpha_us, cal->bw_GBps, cal->pairs, cal->reduce_GBps, cal->elapsed_ms);
+    if (cal->pairs > 0)  // one rank: no link to measure, keep the topology's parameters
+      LOOM_RETURN_IF_ERROR(tuner_->calibrate(cal->alpha_us, cal->bw_GBps, cal->reduce_GBps).with_context("tuner calibration"));
+  }
+  if (agreed.hand_off) {
+    const int cores = tuner_->cost(nranks_).cores;
+    auto h = probe_hand_off(*exec_, *boot_, rank_, nranks_, cores, deadline);
+    if (!h.is_ok()) return h.status().with_context("hand-off probe (LOOM_TUNE_HAND_OFF=0 skips it)");
+    LOOM_RETURN_IF_ERROR(tuner_->set_hand_off_rounds(h->across_us, h->within_us).with_context("hand-off probe"));
+    topo::CommCost c = tuner_->cost(nranks_);
+    LOOM_INFO(kLogTune, "{} rank {}: {} ranks on {} cores, hand-off probe: a round {:.2f} us across cores, {:.2f} us"
+              " within one -> hand-off {:.2f} / {:.2f} us per rank of a core, in {:.1f} ms", name_, rank_, nranks_,
+              cores, h->across_us, h->within_us, c.hand_off_cross_us, c.hand_off_us, h->elapsed_ms);
+  }
+  return Status::ok();
 }
 
 Result<double> CommImpl::predict_us(Collective coll, size_t bytes) const {

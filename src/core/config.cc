@@ -49,6 +49,11 @@ std::vector<ParamInfo>& registry() {
        "1: each communicator measures ring-neighbour latency and bandwidth (8 B and 4 MiB ping-pongs) and the "
        "reduction throughput at init (tens of ms), agrees on the worst values across ranks and feeds them to the "
        "tuner; overrides LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS / LOOM_TUNE_REDUCE_GBPS."},
+      {"LOOM_TUNE_HAND_OFF", "bool", "1",
+       "With more ranks on the host than CPUs: each communicator times rounds of 8 B exchanges at init between "
+       "ranks on different cores and on one core (about a millisecond), agrees on the slowest rank's figures and "
+       "feeds the tuner the cost of waiting for a rank's turn on a core (it moves 3-10x with the host's "
+       "context-switch cost). 0: the cost model's defaults."},
       {"LOOM_ENGINE_SPIN_US", "int", "0",
        "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at "
        "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use)."},
@@ -313,6 +318,7 @@ uint64_t socket_buf_bytes() { return env_bytes("LOOM_SOCKET_BUF_BYTES", 4ull << 
 uint64_t socket_sockbuf() { return env_bytes("LOOM_SOCKET_SOCKBUF", 0); }
 uint64_t socket_direct_bytes() { return env_bytes("LOOM_SOCKET_DIRECT_BYTES", 1ull << 20); }
 bool tune_calibrate() { return env_bool("LOOM_TUNE_CALIBRATE", false); }
+bool tune_hand_off() { return env_bool("LOOM_TUNE_HAND_OFF", true); }
 }  // namespace params
 
 }  // namespace loom

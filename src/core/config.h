@@ -70,7 +70,8 @@ uint64_t socket_slice_bytes();  // LOOM_SOCKET_SLICE_BYTES
 uint64_t socket_buf_bytes();    // LOOM_SOCKET_BUF_BYTES
 uint64_t socket_sockbuf();      // LOOM_SOCKET_SOCKBUF
 uint64_t socket_direct_bytes();  // LOOM_SOCKET_DIRECT_BYTES
-bool tune_calibrate();          // LOOM_TUNE_CALIBRATE
+bool tune_calibrate();  // LOOM_TUNE_CALIBRATE
+bool tune_hand_off();   // LOOM_TUNE_HAND_OFF
 }  // namespace params
 
 }  // namespace loom

@@ -291,28 +291,141 @@ int rooted_depth(AlgoKind a, int p) {
 }
 
 // Oversubscribed, a rank that waits for a peer waits, each time, for the
-// ranks queued before that peer on its core to yield: about hand_off_us for
-// each of the p / cores - 1 others, per round of messages that depend on the
-// previous round. Measured, allreduce, min of 4 interleaved runs of 500-1000,
-// direct (1 round, p - 1 messages) against recursive doubling (log2 p
-// rounds, 2 more for the fold), us: 8 B 3 ranks on 2 cores 2.9 / 4.5, 4 ranks
-// 4.9 / 6.3, 8 ranks 15.8-19.4 / 19.8-21.1 (the model without this term chose
-// recursive doubling at 8 ranks); 1 KiB 4 ranks 6.8 / 7.7, 8 ranks 26.2 /
-// 24.9; 4 KiB 4 ranks 10.6 / 10.2, 8 ranks 44.3 / 28.4. Every algorithm's
-// own terms count p / cores times: each core runs that many ranks' work.
+// ranks queued before that peer on its core to yield, per round of messages
+// that depend on the previous round; every algorithm's own terms count
+// p / cores times (each core runs that many ranks' work). What a round costs
+// depends on where the partners sit (rank r on core r mod cores, loomrun
+// --bind core): a partner on another core runs while this rank runs, and the
+// rank that yields hands its core to a core-mate with work of its own; a
+// partner on the same core runs only once this rank has yielded to it, and
+// then this rank waits for its turn back. Per round, for each of the
+// p / cores - 1 other ranks of a core: hand_off_cross_us when no pair of the
+// round shares a core, hand_off_us when one does.
+// Measured, allreduce 8 B (2 KiB at 4 ranks), us, 300-500 iterations: 4 ranks
+// ring (6 rounds, all across) 30.0, recursive doubling (one across, one
+// within) 17.4; 8 ranks ring (14 across) 186.6, recursive doubling (one
+// across, two within) 85.8, two-shot (two rounds with peers within) 70.9:
+// about 4 us across and 11 us within per other rank at both rank counts,
+// against an alpha of 0.5. Another day the same host read ring 6.1 and
+// recursive doubling 6.6 at 4 ranks (0.5 / 5 us): the two move together with
+// the host's context-switch cost, 3-10x apart; the defaults sit between.
+// The earlier single figure (0.6 us per round whatever the placement, fitted
+// on direct against recursive doubling) priced the ring's 2(p - 1) rounds
+// like the hypercube's and chose Rabenseifner (two rounds within a core at 4
+// ranks) over the ring at 32 and 512 KiB (1.18-1.29x slower, run 15).
 
-// Rounds of dependent messages in an allreduce.
-int allreduce_rounds(AlgoKind a, int p) {
-  const int L = ceil_log2(p), L2 = ceil_log2(floor_pow2(p)), fold = is_pow2(p) ? 0 : 2;
-  switch (a) {
-    case AlgoKind::kRing: return 2 * (p - 1);
-    case AlgoKind::kTree: return 2 * btree_depth(p);
-    case AlgoKind::kHypercube: return L2 + fold;
-    case AlgoKind::kRabenseifner: return 2 * L2 + fold;
-    case AlgoKind::kDirect: return 1;
-    case AlgoKind::kTwoShot: return 2;
-    default: return 2 * L;  // binomial reduce + broadcast; hierarchical on one host
+struct Rounds {
+  int cross = 0;  // no pair of the round shares a core
+  int same = 0;   // some pair does
+};
+
+// Adds `times` rounds made of the exchanges `pairs`.
+void add_round(Rounds& r, const std::vector<std::pair<int, int>>& pairs, int cores, int times = 1) {
+  bool same = false;
+  for (auto [i, j] : pairs) same = same || (i != j && i % cores == j % cores);
+  (same ? r.same : r.cross) += times;
+}
+
+// Exchanges between i and partner(i) for every i (partner -1 or >= p: none).
+template <class F>
+std::vector<std::pair<int, int>> pairs_of(int p, F partner) {
+  std::vector<std::pair<int, int>> v;
+  for (int i = 0; i < p; ++i) {
+    const int j = partner(i);
+    if (j >= 0 && j < p) v.emplace_back(i, j);
   }
+  return v;
+}
+
+// Rounds of dependent messages of a symmetric collective, by placement.
+Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
+  Rounds r;
+  cores = std::max(cores, 1);
+  const Fold f = make_fold(p);
+  auto all_pairs = [&] {
+    std::vector<std::pair<int, int>> v;
+    for (int i = 0; i < p; ++i)
+      for (int j = i + 1; j < p; ++j) v.emplace_back(i, j);
+    return v;
+  };
+  auto shift = [&](int k) { return pairs_of(p, [&](int i) { return (i + k) % p; }); };
+  auto xor_rounds = [&](int each) {
+    // Power-of-two core over the fold's members (patterns.h).
+    if (f.extra > 0) add_round(r, pairs_of(2 * f.extra, [](int i) { return i ^ 1; }), cores, 2);
+    for (int m = 1; m < f.p2; m *= 2)
+      add_round(r, pairs_of(p, [&](int i) {
+                  const int c = f.core_of(i);
+                  return c < 0 ? -1 : f.member_of(c ^ m);
+                }),
+                cores, each);
+  };
+  const int L = ceil_log2(p);
+  switch (coll) {
+    case Collective::kAllReduce:
+      switch (a) {
+        case AlgoKind::kRing: add_round(r, shift(1), cores, 2 * (p - 1)); break;
+        case AlgoKind::kHypercube: xor_rounds(1); break;
+        case AlgoKind::kRabenseifner: xor_rounds(2); break;
+        case AlgoKind::kDirect: add_round(r, all_pairs(), cores, 1); break;
+        case AlgoKind::kTwoShot: add_round(r, all_pairs(), cores, 2); break;
+        case AlgoKind::kTree: {
+          // Both trees' edges by the child's depth; each level up, then down.
+          std::vector<int> rank_b(static_cast<size_t>(p));
+          for (int q = 0; q < p; ++q) rank_b[static_cast<size_t>(dbtree_second_pos(p, q))] = q;
+          for (int d = 1; d <= btree_depth(p); ++d) {
+            std::vector<std::pair<int, int>> v;
+            for (int pos = 1; pos < p; ++pos) {
+              const TreeNode node = btree_node(p, pos);
+              if (node.depth != d) continue;
+              v.emplace_back(pos, node.parent);
+              v.emplace_back(rank_b[static_cast<size_t>(pos)], rank_b[static_cast<size_t>(node.parent)]);
+            }
+            add_round(r, v, cores, 2);
+          }
+          break;
+        }
+        default:  // binomial reduce + broadcast, hierarchical on one host
+          for (int m = 1; m < p; m *= 2) add_round(r, pairs_of(p, [&](int i) { return i + m; }), cores, 2);
+          break;
+      }
+      break;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+      switch (a) {
+        case AlgoKind::kRing: add_round(r, shift(1), cores, p - 1); break;
+        case AlgoKind::kHypercube:
+        case AlgoKind::kRabenseifner: xor_rounds(1); break;
+        case AlgoKind::kBruck:
+          for (int k = 0; k < L; ++k) add_round(r, shift(1 << k), cores, 1);
+          break;
+        case AlgoKind::kPairwise:
+          for (int k = 1; k < p; ++k) add_round(r, shift(k), cores, 1);
+          break;
+        default: add_round(r, all_pairs(), cores, 1); break;  // direct
+      }
+      break;
+    case Collective::kAllToAll:
+      switch (a) {
+        case AlgoKind::kPairwise:
+          for (int k = 1; k < p; ++k) add_round(r, shift(k), cores, 1);
+          break;
+        case AlgoKind::kBruck:
+          for (int k = 0; k < L; ++k) add_round(r, shift(1 << k), cores, 1);
+          break;
+        default: add_round(r, all_pairs(), cores, 1); break;  // direct
+      }
+      break;
+    default: break;
+  }
+  return r;
+}
+
+// The oversubscribed price of a symmetric collective whose own terms are t.
+double oversubscribed_us(double t, AlgoKind a, Collective coll, int p, const CommCost& c) {
+  if (!c.oversubscribed || c.cores <= 0 || p <= c.cores) return t;
+  const double per_core = static_cast<double>(p) / c.cores;
+  const Rounds r = oversubscribed_rounds(a, coll, p, c.cores);
+  return t * per_core + (r.cross * c.hand_off_cross_us + r.same * c.hand_off_us) * (per_core - 1);
 }
 
 }  // namespace
@@ -458,12 +571,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         }
         default: return std::nullopt;
       }
-      if (c.oversubscribed && c.cores > 0 && p > c.cores) {
-        // The cores take turns: each runs p / cores ranks' work, and every
-        // round of dependent messages waits for hand-offs (allreduce_rounds).
-        const double per_core = pp / c.cores;
-        t = t * per_core + allreduce_rounds(a, p) * c.hand_off_us * (per_core - 1);
-      }
+      t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kReduceScatter:
       switch (a) {
@@ -500,6 +608,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       block_chunk();
+      t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kAllGather:
       switch (a) {
@@ -540,6 +649,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       block_chunk();
+      t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kBroadcast:
     case Collective::kReduce: {
@@ -611,6 +721,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       block_chunk();
+      t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kSendRecv:
       t = x.all().alpha_us + n * x.all().beta_us_per_byte;

@@ -116,8 +116,14 @@ struct CommCost {
   // r mod cores (loomrun --bind core, the default; see cost_model.cc).
   int cores = 0;
   // Oversubscribed: what one rank's turn costs a peer waiting for it, per
-  // round of dependent messages (allreduce; measured, see cost_model.cc).
-  double hand_off_us = 0.6;
+  // round of dependent messages of a symmetric collective (allreduce,
+  // reduce_scatter, all_gather, all_to_all), for each of the p / cores - 1
+  // other ranks of a core: hand_off_us when some pair of the round shares a
+  // core (rank r on core r mod cores), hand_off_cross_us when none does.
+  // Defaults between the days measured on the 2-core development host
+  // (cost_model.cc).
+  double hand_off_us = 4.0;
+  double hand_off_cross_us = 1.0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };

@@ -119,6 +119,17 @@ Status Tuner::calibrate(double alpha_us, double bw_GBps, double gamma_GBps) {
   return Status::ok();
 }
 
+Status Tuner::set_hand_off_rounds(double across_us, double within_us) {
+  if (!(across_us >= 0 && across_us < 1e7) || !(within_us >= 0 && within_us < 1e7))
+    return invalid_argument("tuner hand-off rounds: " + std::to_string(across_us) + " / " + std::to_string(within_us) +
+                            " us out of range");
+  std::lock_guard<std::mutex> lock(mu_);
+  round_across_us_ = across_us;
+  round_within_us_ = within_us;
+  cache_.clear();
+  return Status::ok();
+}
+
 CommCost Tuner::derive_cost(int nranks) const {
   CommCost c;
   RankTopology rt = map_ranks(graph_, nranks, options_.ranks_per_host);
@@ -190,6 +201,15 @@ CommCost Tuner::derive_cost(int nranks) const {
     // cached rate stays at least as fast.
     c.gamma_us_per_byte = 1.0 / (*cal_gamma_ * 1e3);
     if (c.gamma_cached_us_per_byte > 0) c.gamma_cached_us_per_byte = std::min(c.gamma_cached_us_per_byte, c.gamma_us_per_byte);
+  }
+  if (round_across_us_ && c.oversubscribed && c.cores > 0 && p > c.cores) {
+    // A round of the probe is a ring allreduce round of 8 B: each rank sends
+    // and receives one message (alpha) for each of the p / cores ranks of a
+    // core, plus the hand-off for each of the others (cost_model.cc).
+    const double per_core = static_cast<double>(p) / c.cores;
+    auto hand_off = [&](double round_us) { return std::max(0.0, (round_us - c.ring.alpha_us * per_core) / (per_core - 1)); };
+    c.hand_off_cross_us = hand_off(*round_across_us_);
+    c.hand_off_us = hand_off(*round_within_us_);
   }
   return c;
 }

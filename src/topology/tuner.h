@@ -79,6 +79,12 @@ class Tuner {
   // neighbours, and optionally reduction throughput (GB/s, 0 = keep). Other
   // distance classes are scaled by the same ratios.
   Status calibrate(double alpha_us, double bw_GBps, double gamma_GBps = 0);
+  // Oversubscribed hand-off probe (core/calibrate.h): the measured time of
+  // one round of 8 B exchanges between partners on different cores and on
+  // one core. derive_cost takes the model's own alpha per rank of a core out
+  // and spreads the rest over the other ranks of the core: CommCost::
+  // hand_off_cross_us and hand_off_us.
+  Status set_hand_off_rounds(double across_us, double within_us);
 
   const TopoGraph& graph() const { return graph_; }
 
@@ -91,6 +97,7 @@ class Tuner {
   std::unique_ptr<TunerPlugin> plugin_;
   bool calibrate_requested_ = false;
   std::optional<double> cal_alpha_us_, cal_bw_, cal_gamma_;
+  std::optional<double> round_across_us_, round_within_us_;
   std::mutex mu_;
   std::map<int, CommCost> cache_;
 };

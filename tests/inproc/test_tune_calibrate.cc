@@ -9,6 +9,7 @@
 
 #include "common/test_util.h"
 #include "core/comm_impl.h"
+#include "core/config.h"
 
 namespace loom {
 namespace {
@@ -103,6 +104,57 @@ TEST(TuneCalibrate, OneRankKeepsTopology) {
   topo::CommCost b = base[0]->impl()->tuner()->cost(1);
   // No link to measure: calibrate() is not called, so the reduction cost stays the topology's too.
   EXPECT_EQ(c.gamma_us_per_byte, b.gamma_us_per_byte);
+}
+
+// LOOM_TUNE_HAND_OFF (default on): with more ranks than the host's CPUs each
+// communicator times rounds of exchanges across and within cores at init;
+// every rank must get the same hand-off costs, measured ones (not the
+// defaults), and collectives must still be correct after the probe's
+// traffic. LOOM_TUNE_HAND_OFF=0 keeps the defaults.
+TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
+  const int n = params::host_cores() + 2;
+  std::vector<std::unique_ptr<Comm>> comms, plain;
+  {
+    unsetenv("LOOM_TUNE_HAND_OFF");
+    auto c = Comm::init_all(n);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    comms = std::move(c).value();
+  }
+  {
+    setenv("LOOM_TUNE_HAND_OFF", "0", 1);
+    auto c = Comm::init_all(n);
+    unsetenv("LOOM_TUNE_HAND_OFF");
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    plain = std::move(c).value();
+  }
+  const topo::CommCost defaults;
+  topo::CommCost c0 = comms[0]->impl()->tuner()->cost(n);
+  ASSERT_TRUE(c0.oversubscribed);
+  EXPECT_NE(c0.hand_off_us, defaults.hand_off_us);
+  EXPECT_NE(c0.hand_off_cross_us, defaults.hand_off_cross_us);
+  EXPECT_GE(c0.hand_off_us, 0.0);
+  EXPECT_GE(c0.hand_off_cross_us, 0.0);
+  EXPECT_LT(c0.hand_off_us, 1e6);
+  for (int r = 0; r < n; ++r) {
+    topo::CommCost c = comms[r]->impl()->tuner()->cost(n);
+    EXPECT_EQ(c.hand_off_us, c0.hand_off_us) << "rank " << r;
+    EXPECT_EQ(c.hand_off_cross_us, c0.hand_off_cross_us) << "rank " << r;
+    topo::CommCost d = plain[r]->impl()->tuner()->cost(n);
+    EXPECT_EQ(d.hand_off_us, defaults.hand_off_us) << "rank " << r;
+    EXPECT_EQ(d.hand_off_cross_us, defaults.hand_off_cross_us) << "rank " << r;
+  }
+  std::vector<testing::Case> cases = {
+      {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, false, 0},
+      {Collective::kReduceScatter, DataType::kInt32, RedOp::kMax, 4099, false, 0},
+      {Collective::kAllGather, DataType::kFloat64, RedOp::kSum, 777, true, 0},
+  };
+  for (const testing::Case& cs : cases) {
+    std::vector<Status> st(static_cast<size_t>(n));
+    std::vector<std::thread> th;
+    for (int r = 0; r < n; ++r) th.emplace_back([&, r] { st[r] = testing::run_case(*comms[r], cs); });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].is_ok()) << cs.name() << " rank " << r << ": " << st[r].to_string();
+  }
 }
 
 }  // namespace

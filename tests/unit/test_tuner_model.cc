@@ -3,6 +3,7 @@
 
 #include "algorithms/algorithms.h"
 #include "core/btree.h"
+#include "core/config.h"
 #include "test_topology_util.h"
 #include "topology/cost_model.h"
 #include "topology/topo_xml.h"
@@ -413,14 +414,23 @@ TEST(TunerSelect, SmallMessagesLatencyOptimalLargeRing) {
   CommCost c = t.cost(p);
   // Closed-form crossover of recursive doubling vs ring (gamma included):
   //   lg p (a + n(b+g)) = 2(p-1)a + (p-1)/p n (2b + g)
-  // With more ranks than this host's CPUs both sides count p / cores times
-  // and every round (lg p against 2(p-1)) adds hand_off_us (p / cores - 1):
-  // the same crossover with a + hand_off_us (1 - cores / p) for a.
-  double a = c.ring.alpha_us;
+  // With more ranks than this host's CPUs both sides count pc = p / cores
+  // times and every round adds a hand-off for each of the pc - 1 other ranks
+  // of a core: the ring's 2(p-1) rounds hand_off_cross_us (neighbours sit on
+  // different cores), recursive doubling's round at distance m hand_off_us
+  // when m is a multiple of the core count (rank r on core r mod cores), else
+  // hand_off_cross_us. The crossover moves by their difference / pc.
+  const double a = c.ring.alpha_us;
   const double b = c.ring.beta_us_per_byte, g = c.gamma_us_per_byte;
-  if (c.oversubscribed && c.cores > 0 && p > c.cores) a += c.hand_off_us * (1 - static_cast<double>(c.cores) / p);
   const double lg = 3;
-  const double cross = (2 * (p - 1) - lg) * a / (lg * (b + g) - (p - 1.0) / p * (2 * b + g));
+  double rounds_us = 0;
+  if (c.oversubscribed && c.cores > 0 && p > c.cores) {
+    const double pc = static_cast<double>(p) / c.cores;
+    double hc = 0;
+    for (int m = 1; m < p; m *= 2) hc += m % c.cores == 0 ? c.hand_off_us : c.hand_off_cross_us;
+    rounds_us = (2 * (p - 1) * c.hand_off_cross_us - hc) * (pc - 1) / pc;
+  }
+  const double cross = ((2 * (p - 1) - lg) * a + rounds_us) / (lg * (b + g) - (p - 1.0) / p * (2 * b + g));
   ASSERT_GT(cross, 64);
   auto small = t.select(Collective::kAllReduce, static_cast<size_t>(cross / 2), p, avail);
   auto large = t.select(Collective::kAllReduce, static_cast<size_t>(cross * 2), p, avail);
@@ -469,6 +479,124 @@ TEST(TunerModel, OversubscribedTinyAllreduceTakesOneRound) {
   c.oversubscribed = false;
   EXPECT_GT(est(AlgoKind::kDirect, Collective::kAllReduce, 8, 8, c),
             est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 8, c));
+}
+
+// Oversubscribed, a round whose partners share a core (rank r on core r mod
+// cores) costs hand_off_us per other rank of a core, one whose partners all
+// sit on other cores hand_off_cross_us. 4 ranks on 2 cores: the ring's 6
+// allreduce rounds are all across (neighbours alternate cores), Rabenseifner
+// has 2 across (distance 1) and 2 within (distance 2), recursive doubling one
+// of each, direct one within (rank 2 is among rank 0's peers); reduce_scatter:
+// ring 3 across, halving 1 + 1. Measured on the 2-core host (4 ranks 2 KiB
+// allreduce): ring 30.0 us, Rabenseifner 29.9, recursive doubling 17.4 with
+// 4 / 11 us per round across / within; another day 0.5 / 5: the ring then
+// beat Rabenseifner 1.2-1.3x at 32 and 512 KiB, which one rate for every
+// round (0.6 us) could not see.
+TEST(TunerModel, OversubscribedRoundsWithinACoreCostMore) {
+  const int p = 4;
+  CommCost c = uniform(p, 0.5, 1e-4, 1e-4);
+  c.oversubscribed = true;
+  c.cores = 2;
+  auto rounds_us = [&](AlgoKind a, Collective coll, double across, double within) {
+    CommCost z = c, h = c;
+    z.hand_off_cross_us = z.hand_off_us = 0;
+    h.hand_off_cross_us = across;
+    h.hand_off_us = within;
+    return est(a, coll, 8, p, h) - est(a, coll, 8, p, z);
+  };
+  const Collective ar = Collective::kAllReduce, rs = Collective::kReduceScatter;
+  // p / cores - 1 = 1 other rank per core: the rounds count as they are.
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, ar, 1, 100), 6, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, ar, 1, 100), 2 + 200, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kHypercube, ar, 1, 100), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kDirect, ar, 1, 100), 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kTwoShot, ar, 1, 100), 200, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, rs, 1, 100), 3, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, rs, 1, 100), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, Collective::kAllGather, 1, 100), 3, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kBruck, Collective::kAllGather, 1, 100), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kPairwise, Collective::kAllToAll, 1, 100), 2 + 100, 1e-9);
+  // 8 ranks: 3 other ranks per core; recursive doubling's distances 1, 2, 4:
+  // one round across, two within.
+  CommCost c8 = uniform(8, 0.5, 1e-4, 1e-4);
+  c8.oversubscribed = true;
+  c8.cores = 2;
+  CommCost z8 = c8;
+  z8.hand_off_cross_us = z8.hand_off_us = 0;
+  c8.hand_off_cross_us = 1;
+  c8.hand_off_us = 10;
+  EXPECT_NEAR(est(AlgoKind::kHypercube, ar, 8, 8, c8) - est(AlgoKind::kHypercube, ar, 8, 8, z8), 3 * (1 + 2 * 10), 1e-9);
+  EXPECT_NEAR(est(AlgoKind::kRing, ar, 8, 8, c8) - est(AlgoKind::kRing, ar, 8, 8, z8), 3 * 14 * 1, 1e-9);
+  // Not oversubscribed: no hand-off term at all.
+  CommCost one = c8;
+  one.oversubscribed = false;
+  EXPECT_NEAR(est(AlgoKind::kRing, ar, 8, 8, one), est(AlgoKind::kRing, ar, 8, 8, uniform(8, 0.5, 1e-4, 1e-4)), 1e-9);
+  // The choice follows the rates: cheap rounds across -> the ring over
+  // Rabenseifner at 4 ranks; the reverse when the rounds across cost more.
+  CommCost cheap = c, dear = c;
+  cheap.hand_off_cross_us = 0.5;
+  cheap.hand_off_us = 5;
+  dear.hand_off_cross_us = 5;
+  dear.hand_off_us = 5;
+  for (Collective coll : {ar, rs}) {
+    EXPECT_LT(est(AlgoKind::kRing, coll, 32 << 10, p, cheap), est(AlgoKind::kRabenseifner, coll, 32 << 10, p, cheap))
+        << collective_name(coll);
+    EXPECT_GT(est(AlgoKind::kRing, coll, 32 << 10, p, dear), est(AlgoKind::kRabenseifner, coll, 32 << 10, p, dear))
+        << collective_name(coll);
+  }
+}
+
+// Non-power-of-two ranks: the fold's two rounds pair 2c with 2c + 1 (across
+// on 2 cores), and the core's rounds run between the members standing for
+// core numbers c and c ^ m (6 ranks: members 1, 3, 4, 5; distance 1 pairs
+// 1-3 (within) and 4-5, distance 2 pairs 1-4 and 3-5 (within): both rounds
+// have a pair within a core).
+TEST(TunerModel, OversubscribedFoldRoundsUseTheMembers) {
+  CommCost c = uniform(6, 0.5, 1e-4, 1e-4);
+  c.oversubscribed = true;
+  c.cores = 2;
+  CommCost z = c;
+  z.hand_off_cross_us = z.hand_off_us = 0;
+  c.hand_off_cross_us = 1;
+  c.hand_off_us = 100;
+  // p / cores - 1 = 2; the fold's 2 rounds across, the core's 2 within.
+  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 6, c) -
+                  est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 6, z),
+              2 * (2 * 1 + 2 * 100), 1e-9);
+  // The ring's closing pair (5, 0) is across too; 3 ranks: (2, 0) is within.
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 8, 6, c) - est(AlgoKind::kRing, Collective::kAllGather, 8, 6, z),
+              2 * 5 * 1, 1e-9);
+  CommCost c3 = uniform(3, 0.5, 1e-4, 1e-4), z3;
+  c3.oversubscribed = true;
+  c3.cores = 2;
+  z3 = c3;
+  z3.hand_off_cross_us = z3.hand_off_us = 0;
+  c3.hand_off_cross_us = 1;
+  c3.hand_off_us = 100;
+  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 8, 3, c3) - est(AlgoKind::kRing, Collective::kAllGather, 8, 3, z3),
+              0.5 * 2 * 100, 1e-9);
+}
+
+// The hand-off probe's round times become per-rank hand-off costs: the
+// model's alpha per rank of a core taken out, the rest spread over the other
+// ranks of a core, never below zero; only with more ranks than cores.
+TEST(TunerSelect, HandOffRoundsSetTheCost) {
+  Tuner t(flat_host());
+  const int cores = params::host_cores();
+  const int p = 2 * cores;  // oversubscribed on any host
+  CommCost before = t.cost(p);
+  ASSERT_TRUE(before.oversubscribed);
+  ASSERT_TRUE(t.set_hand_off_rounds(10.0, 30.0).is_ok());
+  CommCost c = t.cost(p);
+  const double pc = 2, a = c.ring.alpha_us;
+  EXPECT_NEAR(c.hand_off_cross_us, (10.0 - a * pc) / (pc - 1), 1e-9);
+  EXPECT_NEAR(c.hand_off_us, (30.0 - a * pc) / (pc - 1), 1e-9);
+  ASSERT_TRUE(t.set_hand_off_rounds(0.0, 0.0).is_ok());
+  EXPECT_EQ(t.cost(p).hand_off_cross_us, 0.0);
+  EXPECT_EQ(t.cost(p).hand_off_us, 0.0);
+  EXPECT_FALSE(t.set_hand_off_rounds(-1.0, 1.0).is_ok());
+  // A rank per core: the defaults stay.
+  EXPECT_EQ(t.cost(cores).hand_off_us, CommCost{}.hand_off_us);
 }
 
 TEST(TunerSelect, UnknownNamesAndEmptyLists) {
