@@ -51,7 +51,7 @@ std::vector<ParamInfo>& registry() {
        "tuner; overrides LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS / LOOM_TUNE_REDUCE_GBPS."},
       {"LOOM_TUNE_HAND_OFF", "bool", "1",
        "With more ranks on the host than CPUs: each communicator times rounds of 8 B exchanges at init between "
-       "ranks on different cores and on one core (about a millisecond), agrees on the slowest rank's figures and "
+       "ranks on different cores and on one core (1-5 ms), agrees on the slowest rank's figures and "
        "feeds the tuner the cost of waiting for a rank's turn on a core (it moves 3-10x with the host's "
        "context-switch cost). 0: the cost model's defaults."},
       {"LOOM_ENGINE_SPIN_US", "int", "0",
