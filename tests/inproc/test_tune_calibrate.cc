@@ -34,6 +34,18 @@ double ring_bw_GBps(const topo::CommCost& c) { return 1.0 / (c.ring.beta_us_per_
 const size_t kSizes[] = {8, 4096, size_t{1} << 20, size_t{64} << 20};
 const Collective kColls[] = {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast};
 
+// Every case on every rank (a thread each); each rank's result must be ok.
+void run_cases(std::vector<std::unique_ptr<Comm>>& comms, const std::vector<testing::Case>& cases) {
+  const int n = static_cast<int>(comms.size());
+  for (const testing::Case& cs : cases) {
+    std::vector<Status> st(static_cast<size_t>(n));
+    std::vector<std::thread> th;
+    for (int r = 0; r < n; ++r) th.emplace_back([&, r] { st[r] = testing::run_case(*comms[r], cs); });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].is_ok()) << cs.name() << " rank " << r << ": " << st[r].to_string();
+  }
+}
+
 void check_calibrated(int n) {
   auto base = make_comms(n, nullptr);
   auto cal = make_comms(n, "1");
@@ -83,13 +95,7 @@ void check_calibrated(int n) {
       {Collective::kAllGather, DataType::kFloat64, RedOp::kSum, 777, false, 0},
       {Collective::kBroadcast, DataType::kUint8, RedOp::kSum, 100000, false, n - 1},
   };
-  for (const testing::Case& cs : cases) {
-    std::vector<Status> st(static_cast<size_t>(n));
-    std::vector<std::thread> th;
-    for (int r = 0; r < n; ++r) th.emplace_back([&, r] { st[r] = testing::run_case(*cal[r], cs); });
-    for (auto& t : th) t.join();
-    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].is_ok()) << cs.name() << " rank " << r << ": " << st[r].to_string();
-  }
+  run_cases(cal, cases);
 }
 
 TEST(TuneCalibrate, TwoRanks) { check_calibrated(2); }
@@ -148,13 +154,7 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
       {Collective::kReduceScatter, DataType::kInt32, RedOp::kMax, 4099, false, 0},
       {Collective::kAllGather, DataType::kFloat64, RedOp::kSum, 777, true, 0},
   };
-  for (const testing::Case& cs : cases) {
-    std::vector<Status> st(static_cast<size_t>(n));
-    std::vector<std::thread> th;
-    for (int r = 0; r < n; ++r) th.emplace_back([&, r] { st[r] = testing::run_case(*comms[r], cs); });
-    for (auto& t : th) t.join();
-    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].is_ok()) << cs.name() << " rank " << r << ": " << st[r].to_string();
-  }
+  run_cases(comms, cases);
 }
 
 }  // namespace

@@ -481,6 +481,22 @@ TEST(TunerModel, OversubscribedTinyAllreduceTakesOneRound) {
             est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 8, c));
 }
 
+// p ranks on 2 cores (rank r on core r mod 2), alpha 0.5 us: what the
+// hand-off rates add to an 8 B estimate.
+CommCost oversubscribed_uniform(int p) {
+  CommCost c = uniform(p, 0.5, 1e-4, 1e-4);
+  c.oversubscribed = true;
+  c.cores = 2;
+  return c;
+}
+double hand_off_part(AlgoKind a, Collective coll, int p, double across, double within) {
+  CommCost z = oversubscribed_uniform(p), h = z;
+  z.hand_off_cross_us = z.hand_off_us = 0;
+  h.hand_off_cross_us = across;
+  h.hand_off_us = within;
+  return est(a, coll, 8, p, h) - est(a, coll, 8, p, z);
+}
+
 // Oversubscribed, a round whose partners share a core (rank r on core r mod
 // cores) costs hand_off_us per other rank of a core, one whose partners all
 // sit on other cores hand_off_cross_us. 4 ranks on 2 cores: the ring's 6
@@ -494,46 +510,30 @@ TEST(TunerModel, OversubscribedTinyAllreduceTakesOneRound) {
 // round (0.6 us) could not see.
 TEST(TunerModel, OversubscribedRoundsWithinACoreCostMore) {
   const int p = 4;
-  CommCost c = uniform(p, 0.5, 1e-4, 1e-4);
-  c.oversubscribed = true;
-  c.cores = 2;
-  auto rounds_us = [&](AlgoKind a, Collective coll, double across, double within) {
-    CommCost z = c, h = c;
-    z.hand_off_cross_us = z.hand_off_us = 0;
-    h.hand_off_cross_us = across;
-    h.hand_off_us = within;
-    return est(a, coll, 8, p, h) - est(a, coll, 8, p, z);
-  };
   const Collective ar = Collective::kAllReduce, rs = Collective::kReduceScatter;
+  auto rounds_us = [&](AlgoKind a, Collective coll) { return hand_off_part(a, coll, p, 1, 100); };
   // p / cores - 1 = 1 other rank per core: the rounds count as they are.
-  EXPECT_NEAR(rounds_us(AlgoKind::kRing, ar, 1, 100), 6, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, ar, 1, 100), 2 + 200, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kHypercube, ar, 1, 100), 1 + 100, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kDirect, ar, 1, 100), 100, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kTwoShot, ar, 1, 100), 200, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kRing, rs, 1, 100), 3, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, rs, 1, 100), 1 + 100, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kRing, Collective::kAllGather, 1, 100), 3, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kBruck, Collective::kAllGather, 1, 100), 1 + 100, 1e-9);
-  EXPECT_NEAR(rounds_us(AlgoKind::kPairwise, Collective::kAllToAll, 1, 100), 2 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, ar), 6, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, ar), 2 + 200, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kHypercube, ar), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kDirect, ar), 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kTwoShot, ar), 200, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, rs), 3, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRabenseifner, rs), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kRing, Collective::kAllGather), 3, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kBruck, Collective::kAllGather), 1 + 100, 1e-9);
+  EXPECT_NEAR(rounds_us(AlgoKind::kPairwise, Collective::kAllToAll), 2 + 100, 1e-9);
   // 8 ranks: 3 other ranks per core; recursive doubling's distances 1, 2, 4:
   // one round across, two within.
-  CommCost c8 = uniform(8, 0.5, 1e-4, 1e-4);
-  c8.oversubscribed = true;
-  c8.cores = 2;
-  CommCost z8 = c8;
-  z8.hand_off_cross_us = z8.hand_off_us = 0;
-  c8.hand_off_cross_us = 1;
-  c8.hand_off_us = 10;
-  EXPECT_NEAR(est(AlgoKind::kHypercube, ar, 8, 8, c8) - est(AlgoKind::kHypercube, ar, 8, 8, z8), 3 * (1 + 2 * 10), 1e-9);
-  EXPECT_NEAR(est(AlgoKind::kRing, ar, 8, 8, c8) - est(AlgoKind::kRing, ar, 8, 8, z8), 3 * 14 * 1, 1e-9);
+  EXPECT_NEAR(hand_off_part(AlgoKind::kHypercube, ar, 8, 1, 10), 3 * (1 + 2 * 10), 1e-9);
+  EXPECT_NEAR(hand_off_part(AlgoKind::kRing, ar, 8, 1, 10), 3 * 14 * 1, 1e-9);
   // Not oversubscribed: no hand-off term at all.
-  CommCost one = c8;
+  CommCost one = oversubscribed_uniform(8);
   one.oversubscribed = false;
   EXPECT_NEAR(est(AlgoKind::kRing, ar, 8, 8, one), est(AlgoKind::kRing, ar, 8, 8, uniform(8, 0.5, 1e-4, 1e-4)), 1e-9);
   // The choice follows the rates: cheap rounds across -> the ring over
   // Rabenseifner at 4 ranks; the reverse when the rounds across cost more.
-  CommCost cheap = c, dear = c;
+  CommCost cheap = oversubscribed_uniform(p), dear = cheap;
   cheap.hand_off_cross_us = 0.5;
   cheap.hand_off_us = 5;
   dear.hand_off_cross_us = 5;
@@ -552,29 +552,11 @@ TEST(TunerModel, OversubscribedRoundsWithinACoreCostMore) {
 // 1-3 (within) and 4-5, distance 2 pairs 1-4 and 3-5 (within): both rounds
 // have a pair within a core).
 TEST(TunerModel, OversubscribedFoldRoundsUseTheMembers) {
-  CommCost c = uniform(6, 0.5, 1e-4, 1e-4);
-  c.oversubscribed = true;
-  c.cores = 2;
-  CommCost z = c;
-  z.hand_off_cross_us = z.hand_off_us = 0;
-  c.hand_off_cross_us = 1;
-  c.hand_off_us = 100;
   // p / cores - 1 = 2; the fold's 2 rounds across, the core's 2 within.
-  EXPECT_NEAR(est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 6, c) -
-                  est(AlgoKind::kHypercube, Collective::kAllReduce, 8, 6, z),
-              2 * (2 * 1 + 2 * 100), 1e-9);
+  EXPECT_NEAR(hand_off_part(AlgoKind::kHypercube, Collective::kAllReduce, 6, 1, 100), 2 * (2 * 1 + 2 * 100), 1e-9);
   // The ring's closing pair (5, 0) is across too; 3 ranks: (2, 0) is within.
-  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 8, 6, c) - est(AlgoKind::kRing, Collective::kAllGather, 8, 6, z),
-              2 * 5 * 1, 1e-9);
-  CommCost c3 = uniform(3, 0.5, 1e-4, 1e-4), z3;
-  c3.oversubscribed = true;
-  c3.cores = 2;
-  z3 = c3;
-  z3.hand_off_cross_us = z3.hand_off_us = 0;
-  c3.hand_off_cross_us = 1;
-  c3.hand_off_us = 100;
-  EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllGather, 8, 3, c3) - est(AlgoKind::kRing, Collective::kAllGather, 8, 3, z3),
-              0.5 * 2 * 100, 1e-9);
+  EXPECT_NEAR(hand_off_part(AlgoKind::kRing, Collective::kAllGather, 6, 1, 100), 2 * 5 * 1, 1e-9);
+  EXPECT_NEAR(hand_off_part(AlgoKind::kRing, Collective::kAllGather, 3, 1, 100), 0.5 * 2 * 100, 1e-9);
 }
 
 // The hand-off probe's round times become per-rank hand-off costs: the
