@@ -342,12 +342,8 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
   Rounds r;
   cores = std::max(cores, 1);
   const Fold f = make_fold(p);
-  auto all_pairs = [&] {
-    std::vector<std::pair<int, int>> v;
-    for (int i = 0; i < p; ++i)
-      for (int j = i + 1; j < p; ++j) v.emplace_back(i, j);
-    return v;
-  };
+  // Every rank with every other: some pair shares a core once p > cores.
+  auto all_peers = [&](int times) { (p > cores ? r.same : r.cross) += times; };
   auto shift = [&](int k) { return pairs_of(p, [&](int i) { return (i + k) % p; }); };
   auto xor_rounds = [&](int each) {
     // Power-of-two core over the fold's members (patterns.h).
@@ -366,8 +362,8 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
         case AlgoKind::kRing: add_round(r, shift(1), cores, 2 * (p - 1)); break;
         case AlgoKind::kHypercube: xor_rounds(1); break;
         case AlgoKind::kRabenseifner: xor_rounds(2); break;
-        case AlgoKind::kDirect: add_round(r, all_pairs(), cores, 1); break;
-        case AlgoKind::kTwoShot: add_round(r, all_pairs(), cores, 2); break;
+        case AlgoKind::kDirect: all_peers(1); break;
+        case AlgoKind::kTwoShot: all_peers(2); break;
         case AlgoKind::kTree: {
           // Both trees' edges by the child's depth; each level up, then down.
           std::vector<int> rank_b(static_cast<size_t>(p));
@@ -401,7 +397,7 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
         case AlgoKind::kPairwise:
           for (int k = 1; k < p; ++k) add_round(r, shift(k), cores, 1);
           break;
-        default: add_round(r, all_pairs(), cores, 1); break;  // direct
+        default: all_peers(1); break;  // direct
       }
       break;
     case Collective::kAllToAll:
@@ -412,7 +408,7 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
         case AlgoKind::kBruck:
           for (int k = 0; k < L; ++k) add_round(r, shift(1 << k), cores, 1);
           break;
-        default: add_round(r, all_pairs(), cores, 1); break;  // direct
+        default: all_peers(1); break;  // direct
       }
       break;
     default: break;
