@@ -387,6 +387,7 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
       break;
     case Collective::kReduceScatter:
     case Collective::kAllGather:
+    case Collective::kAllToAll:  // pairwise, Bruck, direct as below
       switch (a) {
         case AlgoKind::kRing: add_round(r, shift(1), cores, p - 1); break;
         case AlgoKind::kHypercube:
@@ -396,17 +397,6 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
           break;
         case AlgoKind::kPairwise:
           for (int k = 1; k < p; ++k) add_round(r, shift(k), cores, 1);
-          break;
-        default: all_peers(1); break;  // direct
-      }
-      break;
-    case Collective::kAllToAll:
-      switch (a) {
-        case AlgoKind::kPairwise:
-          for (int k = 1; k < p; ++k) add_round(r, shift(k), cores, 1);
-          break;
-        case AlgoKind::kBruck:
-          for (int k = 0; k < L; ++k) add_round(r, shift(1 << k), cores, 1);
           break;
         default: all_peers(1); break;  // direct
       }
