@@ -50,6 +50,9 @@ class ShmTransport final : public Transport {
   // Small-message slots per pair and direction: a sender this many messages
   // ahead of its receiver waits (tests fill the ring).
   static size_t slot_ring_size();
+  // Pages of FIFOs and their control blocks this process read once at setup
+  // (prefault, shm_transport.cc), for tests.
+  static uint64_t prefaulted_pages();
   // Messages this process received by single copy (tests).
   static uint64_t single_copy_messages();
   // Of those, the ones read through a mapping of the sender's buffer
