@@ -49,7 +49,7 @@ case $COLL in
   allreduce) BIN=all_reduce_perf; DEFAULT="ring,tree,hypercube,rabenseifner,direct,two_shot" ;;
   all_gather) BIN=all_gather_perf; DEFAULT="ring,hypercube,bruck" ;;
   reduce_scatter) BIN=reduce_scatter_perf; DEFAULT="ring,rabenseifner" ;;
-  broadcast) BIN=broadcast_perf; DEFAULT="chain,tree,binomial" ;;
+  broadcast) BIN=broadcast_perf; DEFAULT="chain,tree,binomial,direct" ;;
   reduce) BIN=reduce_perf; DEFAULT="chain,tree,binomial" ;;
   all_to_all) BIN=alltoall_perf; DEFAULT="direct,pairwise" ;;
   *) echo "unknown collective $COLL" >&2; exit 2 ;;

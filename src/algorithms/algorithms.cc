@@ -44,6 +44,8 @@ const std::vector<Algorithm>& all_algorithms() {
       {"bruck", Collective::kAllGather, "Bruck's ceil(log2 n) steps, any n", always, bruck_all_gather},
       {"tree", Collective::kBroadcast, "pipelined binary tree from the root", always, tree_broadcast},
       {"binomial", Collective::kBroadcast, "binomial tree, whole message per step", always, binomial_broadcast},
+      {"direct", Collective::kBroadcast, "the root sends to every rank at once; nothing forwarded", always,
+       direct_broadcast},
       {"tree", Collective::kReduce, "pipelined binary tree to the root", always, tree_reduce},
       {"binomial", Collective::kReduce, "binomial tree, whole message per step", always, binomial_reduce},
       {"pairwise", Collective::kAllToAll, "n-1 pairwise exchanges, one peer at a time", always, pairwise_all_to_all},
@@ -78,10 +80,9 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
   for (const auto& p : args.p2p)
     if (p.peer < 0 || p.peer >= args.nranks)
       return invalid_argument(fmt::format("peer {} out of range [0, {})", p.peer, args.nranks));
-  const bool reducing = moves_as_reduced(args.coll, args.nranks);  // RankSchedule::reduced_class
   auto make = [&](const Algorithm* a) -> Result<RankSchedule> {
     Result<RankSchedule> s = a->make(args);
-    if (s.is_ok()) s->reduced_class = reducing;
+    if (s.is_ok()) s->reduced_class = moves_as_reduced(args.coll, args.nranks, std::string(a->name) == "direct");
     return s;
   };
   if (!algorithm.empty()) {

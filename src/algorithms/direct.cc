@@ -1,5 +1,6 @@
 // Direct family: every rank exchanges with every peer in one phase.
-// all_to_all (each rank sends block j to rank j) and point-to-point groups.
+// all_to_all (each rank sends block j to rank j), broadcast (the root sends
+// to every rank at once) and point-to-point groups.
 #include <map>
 #include <utility>
 #include <vector>
@@ -64,6 +65,31 @@ Result<RankSchedule> shifted_all_to_all(const CollArgs& a, bool one_phase, const
 Result<RankSchedule> direct_all_to_all(const CollArgs& a) { return shifted_all_to_all(a, true, "direct"); }
 
 Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) { return shifted_all_to_all(a, false, "pairwise"); }
+
+// Broadcast as a star: the root sends its whole buffer to every other rank in
+// one phase; nobody forwards. Its receivers' messages are plain stored ones
+// (core/message_class.h), so on shm with more ranks than cores each receiver
+// reads the root's buffer with a single copy: n x (p-1) bytes copied in all,
+// spread over every core, one hand-off deep, where a tree copies each byte
+// into a FIFO and out again at every hop. Through a FIFO the root copies all
+// p-1 messages itself, which the cost model prices (cost_model.cc).
+Result<RankSchedule> direct_broadcast(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  if (n == 1) return patterns::local_only(a, a.count, "direct");
+  RankSchedule s;
+  s.algorithm = "direct";
+  if (a.count == 0) return s;
+  Phase p;
+  if (r == a.root) {
+    // The root's own copy runs while its peers read (no transfer writes recv).
+    if (!a.in_place) p.steps.push_back(patterns::overlapped_copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
+    for (int k = 1; k < n; ++k) p.steps.push_back(patterns::send_step((r + k) % n, {kBufSend, 0}, a.count));
+  } else {
+    p.steps.push_back(patterns::recv_step(a.root, {kBufRecv, 0}, a.count));
+  }
+  s.phases.push_back(std::move(p));
+  return s;
+}
 
 Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
   RankSchedule s;

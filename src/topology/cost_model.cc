@@ -174,7 +174,8 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
       // Broadcast: the root's sends, or a receiver's copy when the root
       // copies nothing (single copy: every receiver reads the root's buffer).
-      return red ? (pp - 1) * (o + n * (b + gam)) : std::max((pp - 1) * (o + sender_copies(n) * n * b) + o, o + n * b);
+      const double sc = sender_copies(n), read = sc > 0 ? 1.0 : x.c.single_copy_read_factor;
+      return red ? (pp - 1) * (o + n * (b + gam)) : std::max((pp - 1) * (o + sc * n * b) + o, o + n * b * read);
     }
     case AlgoKind::kScatterAllgather: {
       // A non-root rank: its scatter piece, then the ring all-gather.
@@ -233,8 +234,9 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       at(r) += k * (o + x.c.single_copy_alpha_us + m * (b * x.c.mapped_factor + gam));
       return;
     }
-    at(s) += k * (o + sender_copies(m) * m * b);
-    at(r) += k * (o + m * (b + gam));
+    const double sc = sender_copies(m);
+    at(s) += k * (o + sc * m * b);
+    at(r) += k * (o + m * (b * (sc > 0 ? 1.0 : x.c.single_copy_read_factor) + gam));
   };
   const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
   const double c = n / k;
@@ -477,7 +479,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   int by_size = static_cast<int>(bytes / std::max<size_t>(c.min_bytes_per_channel, 1));
   e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
   double fill = std::min(1.0, e.channels * c.channel_fraction);
-  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3), moves_as_reduced(coll, p)};
+  Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3), moves_as_reduced(coll, p, a == AlgoKind::kDirect)};
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core

@@ -88,6 +88,15 @@ struct CommCost {
   // and the acknowledgement the sender waits for. Measured, 2 ranks: a 32 KiB
   // single-copy all_gather message 3.6 us against 2.6 us of alpha + bytes.
   double single_copy_alpha_us = 1.0;
+  // A rooted collective's single-copy message costs its receiver this many
+  // times a FIFO copy of its bytes (beta): process_vm_readv pins every page
+  // of the sender's buffer and pulls lines still dirty in the sender's cache.
+  // Measured, 8 ranks on 2 cores, the direct broadcast (every receiver reads
+  // the root's buffer) by process_vm_readv against the same through mappings
+  // of loom::mem_alloc buffers, min of 3 interleaved runs: 1 MiB 442 / 200
+  // us, 4 MiB 1530 / 620, 16 MiB 10212 / 3536 (2.2-2.9x); the chain through
+  // the FIFOs 343 / 1366 / 6858 in between.
+  double single_copy_read_factor = 2.5;
   // Messages sent from Loom's own scratch (the ring's and recursive
   // halving's partial sums in reduce_scatter) of at least this many bytes
   // are read through a mapping of the sender's scratch (loom::mem_alloc

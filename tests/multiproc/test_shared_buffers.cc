@@ -336,8 +336,9 @@ TEST(SharedBuffers, AFreedBufferIsNeverReadThroughAStaleMapping) {
 // With LOOM_SHM_SINGLE_COPY_BYTES set, the allreduce goes single copy again.
 // plain: LOOM_SHM_SINGLE_COPY_PLAIN_BYTES, nullptr for the default.
 void count_single_copies(Collective coll, const char* single_copy, bool expect_any, int nranks = 2,
-                         const char* plain = "256K") {
-  if (coll == Collective::kBroadcast) unsetenv("LOOM_ALGO");  // whichever the tuner picks
+                         const char* plain = "256K", const char* algo = nullptr) {
+  if (algo) setenv("LOOM_ALGO", algo, 1);
+  else if (coll == Collective::kBroadcast) unsetenv("LOOM_ALGO");  // whichever the tuner picks
   else setenv("LOOM_ALGO", coll == Collective::kAllReduce ? "allreduce:ring" : "all_gather:ring", 1);
   run_ranks(nranks, [coll, expect_any](int r, Comm& comm, std::string* err) {
     testing::Case cs;
@@ -358,10 +359,18 @@ void count_single_copies(Collective coll, const char* single_copy, bool expect_a
 TEST(SingleCopyClass, AReducingCollectiveMovesEveryMessageThroughTheFifo) {
   count_single_copies(Collective::kAllReduce, nullptr, false);
 }
-// Broadcast of 3 ranks too: its inner ranks forward what they have just
-// received. Of 2 ranks nothing is forwarded: the root's buffer is stored.
+// Broadcast of 3 ranks through a chain or tree too: its inner ranks forward
+// what they have just received. Of 2 ranks nothing is forwarded: the root's
+// buffer is stored.
 TEST(SingleCopyClass, ABroadcastOfThreeMovesEveryMessageThroughTheFifo) {
-  count_single_copies(Collective::kBroadcast, nullptr, false, 3);
+  count_single_copies(Collective::kBroadcast, nullptr, false, 3, "256K", "broadcast:chain");
+}
+// The direct (star) broadcast forwards nothing at any rank count: its
+// receivers read the root's buffer as stored messages (plain threshold).
+// Were the class decided by the collective alone, a 3-rank direct broadcast
+// would go through the FIFO, the root copying every message itself.
+TEST(SingleCopyClass, ADirectBroadcastIsStored) {
+  count_single_copies(Collective::kBroadcast, nullptr, true, 3, "256K", "broadcast:direct");
 }
 TEST(SingleCopyClass, ABroadcastOfTwoIsStored) { count_single_copies(Collective::kBroadcast, nullptr, true); }
 TEST(SingleCopyClass, AnAllGatherIsStored) { count_single_copies(Collective::kAllGather, nullptr, true); }
