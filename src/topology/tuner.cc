@@ -176,6 +176,18 @@ CommCost Tuner::derive_cost(int nranks) const {
     if (params::shm_map_shared() != 0) {
       c.map_min_bytes = params::shm_map_min_bytes();
       c.map_cache_bytes = host_llc_bytes();
+      // Oversubscribed, a partial sum read through a mapping costs its
+      // reader as much as a FIFO message: the lines were just written by a
+      // rank on another core (or swapped out with its turn), and the saved
+      // sender copy was never the bottleneck there. Measured, 2 cores,
+      // reduce_scatter of 1-4 MiB, ring (2 of 3 steps read mapped) against
+      // recursive halving (1 of 2), same bytes per rank, min of 3: 4 ranks
+      // 1 MiB 264 / 191 us, 4 MiB 1062 / 756; 8 ranks 4 MiB 2661 / 1818
+      // (run 16 alike: 1.38, 1.41, 1.72), which the model with free mapped
+      // reads (0) gave to the ring. Reduce with it (binomial's mapped
+      // partial sums) stays within 7% of the best at 256K-4M.
+      // With a CPU per rank: not measured here; the reads stay free.
+      if (c.oversubscribed) c.mapped_factor = 1.0;
     }
   }
   for (int i = 0; i < p; ++i) {

@@ -607,6 +607,27 @@ TEST(TunerSelect, HandOffRoundsSetTheCost) {
   EXPECT_EQ(t.cost(cores).hand_off_us, CommCost{}.hand_off_us);
 }
 
+// Oversubscribed, partial sums read through a mapping cost a FIFO message's
+// bytes (tuner.cc): reduce_scatter's recursive halving (1 of 2 steps mapped)
+// and the ring (2 of 3) move the same bytes, and halving has a round less.
+// Regression: with free mapped reads the ring was chosen at 4 ranks 1-4 MiB
+// and 8 ranks 4 MiB, measured 1.38-1.72x slower (runs 16 and 17).
+TEST(TunerSelect, OversubscribedMappedReadsCostAFifoCopy) {
+  if (params::shm_map_shared() == 0) GTEST_SKIP() << "LOOM_SHM_MAP_SHARED=0: no mapped reads";
+  Tuner t(flat_host());
+  const int cores = params::host_cores();
+  EXPECT_EQ(t.cost(2 * cores).mapped_factor, 1.0);
+  EXPECT_EQ(t.cost(cores).mapped_factor, CommCost{}.mapped_factor);
+  const int p = 2 * cores;
+  const size_t cut = t.cost(p).map_cache_bytes / 4;  // mapped up to a quarter of the LLC
+  for (size_t bytes : {size_t{1} << 20, size_t{4} << 20}) {
+    if (cut > 0 && bytes > cut) continue;
+    auto s = t.select(Collective::kReduceScatter, bytes, p, {"ring", "rabenseifner"});
+    ASSERT_TRUE(s.is_ok());
+    EXPECT_EQ(s->algorithm, "rabenseifner") << bytes << " B on " << p << " ranks";
+  }
+}
+
 TEST(TunerSelect, UnknownNamesAndEmptyLists) {
   Tuner t(flat_host());
   auto s = t.select(Collective::kAllToAll, 4096, 4, {"mystery"});
