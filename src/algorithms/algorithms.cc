@@ -1,5 +1,7 @@
 #include "algorithms/algorithms.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "core/message_class.h"
@@ -82,7 +84,7 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
       return invalid_argument(fmt::format("peer {} out of range [0, {})", p.peer, args.nranks));
   auto make = [&](const Algorithm* a) -> Result<RankSchedule> {
     Result<RankSchedule> s = a->make(args);
-    if (s.is_ok()) s->reduced_class = moves_as_reduced(args.coll, args.nranks, std::string(a->name) == "direct");
+    if (s.is_ok()) s->reduced_class = moves_as_reduced(args.coll, args.nranks, std::strcmp(a->name, "direct") == 0);
     return s;
   };
   if (!algorithm.empty()) {

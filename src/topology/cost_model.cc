@@ -133,6 +133,12 @@ double rooted_sender_copies(const Ctx& x, bool red, double bytes) {
   return single == 0 || bytes < static_cast<double>(single) ? 1.0 : 0.0;
 }
 
+// What the receiver of that message pays per byte, in FIFO copies (beta):
+// one from the FIFO, or single_copy_read_factor for a single-copy read.
+double rooted_receiver_reads(const Ctx& x, bool red, double bytes) {
+  return rooted_sender_copies(x, red, bytes) > 0 ? 1.0 : x.c.single_copy_read_factor;
+}
+
 // Steady-state time per op of a rooted collective: the work of its busiest
 // rank. Every message costs each end an overhead o = alpha / 2; the receiver
 // copies its bytes (and reduces them: gamma); the sender copies them too
@@ -174,8 +180,8 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
       // Broadcast: the root's sends, or a receiver's copy when the root
       // copies nothing (single copy: every receiver reads the root's buffer).
-      const double sc = sender_copies(n), read = sc > 0 ? 1.0 : x.c.single_copy_read_factor;
-      return red ? (pp - 1) * (o + n * (b + gam)) : std::max((pp - 1) * (o + sc * n * b) + o, o + n * b * read);
+      return red ? (pp - 1) * (o + n * (b + gam))
+                 : std::max((pp - 1) * (o + sender_copies(n) * n * b) + o, o + n * b * rooted_receiver_reads(x, red, n));
     }
     case AlgoKind::kScatterAllgather: {
       // A non-root rank: its scatter piece, then the ring all-gather.
@@ -234,9 +240,8 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       at(r) += k * (o + x.c.single_copy_alpha_us + m * (b * x.c.mapped_factor + gam));
       return;
     }
-    const double sc = sender_copies(m);
-    at(s) += k * (o + sc * m * b);
-    at(r) += k * (o + m * (b * (sc > 0 ? 1.0 : x.c.single_copy_read_factor) + gam));
+    at(s) += k * (o + sender_copies(m) * m * b);
+    at(r) += k * (o + m * (b * rooted_receiver_reads(x, red, m) + gam));
   };
   const double k = chunk > 0 ? std::max(1.0, std::ceil(n / static_cast<double>(chunk))) : 1.0;
   const double c = n / k;
