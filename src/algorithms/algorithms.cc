@@ -45,7 +45,7 @@ const std::vector<Algorithm>& all_algorithms() {
        hypercube_all_gather},
       {"bruck", Collective::kAllGather, "Bruck's ceil(log2 n) steps, any n", always, bruck_all_gather},
       {"tree", Collective::kBroadcast, "pipelined binary tree from the root", always, tree_broadcast},
-      {"binomial", Collective::kBroadcast, "binomial tree, whole message per step", always, binomial_broadcast},
+      {"binomial", Collective::kBroadcast, "binomial tree, pipelined in chunks", always, binomial_broadcast},
       {"direct", Collective::kBroadcast, "the root sends to every rank at once; nothing forwarded", always,
        direct_broadcast},
       {"tree", Collective::kReduce, "pipelined binary tree to the root", always, tree_reduce},

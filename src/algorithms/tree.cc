@@ -1,6 +1,7 @@
 // Tree family: double binary tree allreduce (Sanders, Speck & Träff 2009; NCCL
-// 2.4), pipelined binary-tree broadcast and reduce, and binomial broadcast and
-// reduce (whole message per step: log2 n latency terms, for small messages).
+// 2.4), pipelined binary-tree broadcast and reduce, binomial broadcast
+// (pipelined in chunks like the trees; one chunk = whole message per step)
+// and binomial reduce (whole message per step: log2 n latency terms).
 //
 // Pipelining: the data of a tree is cut into chunks and every rank works on a
 // global clock of phases. With D the depth of the tree and d a rank's depth:
@@ -198,12 +199,26 @@ Result<RankSchedule> binomial_broadcast(const CollArgs& a) {
   RankSchedule s;
   s.algorithm = "binomial";
   if (a.count == 0) return s;
-  if (r == a.root && !a.in_place) {
-    Phase p;
-    p.steps.push_back(copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
-    push_phase(s, std::move(p));
-  }
-  emit_binomial_bcast(s, iota_group(n), a.root, r, {kBufRecv, 0}, a.count);
+  // The binomial tree as a tree of emit_trees: position v = rank - root
+  // receives from v minus its highest set bit and sends to v + m for every
+  // power of two m > v (near-first, as emit_binomial_bcast), largest subtree
+  // first. With one chunk (the tuner's choice for this algorithm) this is the
+  // whole-message binomial broadcast; smaller chunks pipeline it.
+  const int v = mod(r - a.root, n);
+  TreeRole t;
+  auto rank_at = [&](int pos) { return (pos + a.root) % n; };
+  if (v > 0) t.parent = rank_at(v - (1 << (31 - __builtin_clz(static_cast<unsigned>(v)))));
+  for (int m = 1; m < n; m *= 2)
+    if (m > v && v + m < n) t.children.push_back(rank_at(v + m));
+  t.depth = __builtin_popcount(static_cast<unsigned>(v));
+  for (int pos = 1; pos < n; ++pos) t.max_depth = std::max(t.max_depth, __builtin_popcount(static_cast<unsigned>(pos)));
+  t.count = a.count;
+  TreeBufs b;
+  b.src = {kBufSend, 0};
+  b.acc = {kBufRecv, 0};
+  b.down = true;
+  b.root_copy = r == a.root && !a.in_place;
+  emit_trees(s, {t}, b, chunk_elems(a));
   return s;
 }
 

@@ -171,10 +171,12 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     }
     case AlgoKind::kBinomial: {
       LinkCost l = x.all();
-      const double o = l.alpha_us / 2, b = l.beta_us_per_byte, s = sender_copies(n);
+      const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
       if (red) return L * (o + n * (b + gam));
-      // The root's sends and its first child's receive + forwards.
-      return std::max(L * (o + s * n * b), o + n * b + (L - 1) * (o + s * n * b));
+      // The root's sends and its first child's receive + forwards, chunk by
+      // chunk (the broadcast is pipelined, tree.cc).
+      const double s = sender_copies(c);
+      return std::max(L * (k * o + s * n * b), k * o + n * b + (L - 1) * (k * o + s * n * b));
     }
     case AlgoKind::kDirect: {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
@@ -272,7 +274,7 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
         if (red)
           for (int v = m; v < p; v += 2 * m) msg(v, v - m, n, 1, o, b, m > 1 && v + 1 < p);  // v has a child
         else
-          for (int v = m; v < std::min(2 * m, p); ++v) msg(v - m, v, n, 1, o, b);
+          for (int v = m; v < std::min(2 * m, p); ++v) msg(v - m, v, c, k, o, b);
       }
       break;
     }
@@ -675,6 +677,11 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           if (!red) return std::nullopt;
           break;
         case AlgoKind::kBinomial:
+          // Broadcast pipelines like a tree of depth ceil(log2 p) whose root
+          // sends each chunk ceil(log2 p) times (the factor cancels in the
+          // chunk); reduce goes whole message per step.
+          if (!red) chunk = pipelined(L, n, x.all(), c.min_chunk_bytes).chunk;
+          break;
         case AlgoKind::kDirect: break;
         default: return std::nullopt;
       }

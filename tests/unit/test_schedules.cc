@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <random>
 
 #include "algorithms/algorithms.h"
@@ -283,6 +284,55 @@ TEST(Schedules, HalvingReduceScatterEndsInTheOutput) {
       EXPECT_EQ(local_copies(*s), folded_core ? 1 : 0) << "n=" << n << " rank " << r;
     }
   }
+}
+
+// The binomial broadcast pipelines: with chunks, an inner rank forwards the
+// first chunk before the last one has arrived (whole-message steps left the
+// forwarding ranks idle until their receive completed: 8 ranks on 2 cores,
+// 16 MiB, 9516 us against 7611 in 256 KiB chunks, algorithms.md run 18).
+// With one chunk it is the classic binomial tree: the root sends lg p times.
+TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
+  auto make = [](int r, size_t chunk) {
+    CollArgs a;
+    a.coll = Collective::kBroadcast;
+    a.nranks = 8;
+    a.rank = r;
+    a.count = 1000;
+    a.chunk_elems = chunk;
+    auto s = make_schedule(a, "binomial");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return std::move(s).value();
+  };
+  // (phase of the first send, phase of the last receive, sends, receives)
+  auto shape = [](const RankSchedule& s) {
+    int first_send = -1, last_recv = -1, sends = 0, recvs = 0;
+    for (size_t i = 0; i < s.phases.size(); ++i)
+      for (const Step& st : s.phases[i].steps) {
+        if (st.kind == StepKind::kSend) {
+          if (first_send < 0) first_send = static_cast<int>(i);
+          ++sends;
+        }
+        if (st.kind == StepKind::kRecv) {
+          last_recv = static_cast<int>(i);
+          ++recvs;
+        }
+      }
+    return std::array<int, 4>{first_send, last_recv, sends, recvs};
+  };
+  auto root = shape(make(0, 1000));
+  EXPECT_EQ(root[2], 3) << "whole message: one send per child (1, 2, 4)";
+  auto one = shape(make(1, 1000));
+  EXPECT_EQ(one[2], 2) << "rank 1 forwards to 3 and 5";
+  EXPECT_GT(one[0], one[1]) << "whole message: forwards after its receive";
+  root = shape(make(0, 250));
+  EXPECT_EQ(root[2], 12) << "4 chunks to each of 3 children";
+  one = shape(make(1, 250));
+  EXPECT_EQ(one[3], 4);
+  EXPECT_EQ(one[2], 8);
+  EXPECT_LT(one[0], one[1]) << "chunked: the first forward precedes the last receive";
+  auto leaf = shape(make(7, 250));
+  EXPECT_EQ(leaf[2], 0);
+  EXPECT_EQ(leaf[3], 4);
 }
 
 TEST(Schedules, RejectsBadArguments) {

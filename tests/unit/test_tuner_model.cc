@@ -50,8 +50,13 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
   // steady state back to back): each message costs each end a/2, the
   // receiver copies n b, the sender too (no single-copy path here).
   // Binomial broadcast: the root's lg p sends, or its first child's receive
-  // plus lg p - 1 forwards: 3 (a/2 + n b) = a/2 + n b + 2 (a/2 + n b).
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, N, p, c), 3 * (a / 2 + n * b), 1e-6);
+  // plus lg p - 1 forwards, pipelined in k = round(sqrt((lg p - 1) n b / a))
+  // chunks (32 here), each message end paying a/2 per chunk:
+  // 3 (k a/2 + n b) = k a/2 + n b + 2 (k a/2 + n b).
+  const double kb = std::round(std::sqrt(2 * n * b / a));
+  EXPECT_EQ(kb, 32);
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, N, p, c), 3 * (kb * a / 2 + n * b), 1e-6);
+  EXPECT_EQ(estimate(AlgoKind::kBinomial, Collective::kBroadcast, N, p, c)->chunk_bytes, N / 32);
   // Binomial reduce: the root's lg p reduced receives.
   EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, N, p, c), 3 * (a / 2 + n * (b + g)), 1e-6);
   // Bruck all-to-all: lg p (a + n/2 b); pairwise: (p-1)(a + n/p b).
@@ -244,7 +249,10 @@ TEST(TunerModel, OversubscribedRootedOpsPayForTheBusiestCore) {
   EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), 3 * R + S + 2 * hop, 1e-6);
   // Broadcast (receives copy only): 0->1, 0->2, 1->3 puts two sends and a
   // receive on core 0 (ranks 0, 2), a send and two receives on core 1.
-  const double Rb = a / 2 + n * b;
+  // Pipelined in k = round(sqrt((lg p - 1) n b / a)) = 8 chunks.
+  const double kb = std::round(std::sqrt(n * b / a));
+  EXPECT_EQ(kb, 8);
+  const double Rb = kb * a / 2 + n * b;
   EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 128 << 10, p, c), 3 * Rb + 2 * hop, 1e-6);
   // With a core per rank nothing changes.
   c.cores = 4;
@@ -281,7 +289,10 @@ TEST(TunerModel, ReducePartialSumsGoMapped) {
   EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c), 3 * R + S + 2 * hop, 1e-6);
   // A broadcast forwards from its receive buffer: never mapped.
   c.map_cache_bytes = 32 << 20;
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 1 << 20, p, c), 3 * (a / 2 + n * b) + 2 * hop, 1e-6);
+  // (pipelined in round(sqrt(n b / a)) = 23 chunks, each end a/2 per chunk)
+  const double kb = std::round(std::sqrt(n * b / a));
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kBroadcast, 1 << 20, p, c), 3 * (kb * a / 2 + n * b) + 2 * hop,
+              1e-6);
 }
 
 // Tiny broadcasts on 8 oversubscribed ranks: chain and binomial both cost
