@@ -88,6 +88,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
   LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
+  c->max_queued_ = static_cast<size_t>(params::max_queued_ops());
   c->gate_->comm = c.get();
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
@@ -315,7 +316,19 @@ Result<Work> CommImpl::enqueue(Op& op) {
   }
   bool wake = true;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
+    if (max_queued_ > 0 && queue_.size() >= max_queued_ && !stopping_) {
+      // Back-pressure: a loop of non-blocking calls must not queue without
+      // bound (memory, and a page fault per op for the growing heap). Wait
+      // until half the queue has run; each queued op has its deadline, and
+      // a failure drains the queue fast, so this wait ends. The engine (or a
+      // thread in Work::wait) is running the queue; make sure of the engine.
+      ++queue_full_waits_;
+      issuer_waiting_ = true;
+      cv_.notify_one();
+      space_cv_.wait(lk, [&] { return queue_.size() <= max_queued_ / 2 || stopping_; });
+      issuer_waiting_ = false;
+    }
     if (stopping_) {
       Status st = invalid_usage("operation issued during destroy");
       for (auto& g : op.gates) g->finish(st);
@@ -323,6 +336,7 @@ Result<Work> CommImpl::enqueue(Op& op) {
     }
     wake = !caller_waits_ || !op.gates.empty();
     queue_.push_back(std::move(op));
+    queue_high_water_ = std::max(queue_high_water_, queue_.size());
     unfinished_.fetch_add(1, std::memory_order_release);
     pending_.fetch_add(1, std::memory_order_release);
   }
@@ -496,6 +510,7 @@ bool CommImpl::run_next_queued() {
     op = std::move(queue_.front());
     queue_.pop_front();
     pending_.fetch_sub(1, std::memory_order_relaxed);
+    if (issuer_waiting_ && queue_.size() <= max_queued_ / 2) space_cv_.notify_one();
   }
   Status st = execute(op);
   op.work->complete(st);
@@ -573,6 +588,7 @@ Status CommImpl::destroy() {
   }
   cv_.notify_all();
   gate_cv_.notify_all();
+  space_cv_.notify_all();
   if (engine_.joinable()) engine_.join();
   {
     // A thread inside Work::wait may still be running an op: wait for it,

@@ -128,6 +128,16 @@ class CommImpl final : public diag::DiagClient {
   bool run_next_queued();
   // Ops a waiting caller ran at issue, without the queue (tests).
   uint64_t inline_ops() const { return inline_ops_.load(std::memory_order_relaxed); }
+  // Times an issuer found the queue full and waited (LOOM_MAX_QUEUED_OPS).
+  uint64_t queue_full_waits() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return queue_full_waits_;
+  }
+  // The most ops ever queued at once.
+  size_t queue_high_water() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return queue_high_water_;
+  }
   // Called by a waiter (holding the EngineGate) when it stops running ops.
   void after_waiter_progress();
   // The communicator's tuner (tests read its calibrated cost parameters).
@@ -183,6 +193,13 @@ class CommImpl final : public diag::DiagClient {
   mutable std::mutex mu_;  // guards queue_, failed_, stopping_
   std::condition_variable cv_;
   std::condition_variable gate_cv_;  // engine parked while a waiter runs ops
+  // Back-pressure (LOOM_MAX_QUEUED_OPS): an issuer finding max_queued_ ops
+  // queued waits on space_cv_ until half of them have run.
+  std::condition_variable space_cv_;
+  size_t max_queued_ = 0;      // 0: unbounded
+  bool issuer_waiting_ = false;  // guarded by mu_
+  uint64_t queue_full_waits_ = 0;  // guarded by mu_ (tests)
+  size_t queue_high_water_ = 0;    // guarded by mu_ (tests)
   std::deque<Op> queue_;
   Status failed_;
   std::atomic<bool> has_failed_{false};  // failed_ is set (read without the lock)

@@ -39,7 +39,7 @@ std::vector<ParamInfo>& registry() {
        "copying in steps on both cores, measured 1.05-2x faster) and 256K when oversubscribed; between threads "
        "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
        "that never change between calls, as in nccl-tests' loop)."},
-      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk for chain broadcast/reduce schedules."},
+      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce and of binomial broadcast; set, it overrides the cost model's chunk."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
        "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
@@ -57,6 +57,10 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_ENGINE_SPIN_US", "int", "0",
        "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at "
        "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use)."},
+      {"LOOM_MAX_QUEUED_OPS", "int", "1024",
+       "Operations a communicator queues for its progress engine before a call that would queue one more blocks "
+       "(until half have run), as a CUDA stream's launch queue blocks; 0 = unbounded. Without a bound, a loop of "
+       "non-blocking calls grew the queue by ~400 B per op (1M ops: 420 MB) and paid page faults per op."},
       {"LOOM_SPIN", "int", "2000",
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_SHM_SHARED_COPY", "bool", "1",
@@ -309,6 +313,7 @@ int shm_slots() { return static_cast<int>(env_int("LOOM_SHM_SLOTS", 1)); }
 int shm_map_shared() { return static_cast<int>(env_int("LOOM_SHM_MAP_SHARED", 1)); }
 uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
+int max_queued_ops() { return static_cast<int>(std::max<int64_t>(0, env_int("LOOM_MAX_QUEUED_OPS", 1024))); }
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
 int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }

@@ -58,6 +58,7 @@ uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks);
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
 int spin_count();            // LOOM_SPIN
 int engine_spin_us();        // LOOM_ENGINE_SPIN_US
+int max_queued_ops();        // LOOM_MAX_QUEUED_OPS (0 = unbounded)
 int spin_us();               // LOOM_SPIN_US (-1: auto)
 int shm_shared_copy();       // LOOM_SHM_SHARED_COPY
 int shm_slots();             // LOOM_SHM_SLOTS (small messages in cache-line slots; 1 = on)
