@@ -288,7 +288,7 @@ TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
                           "LOOM_SHM_SHARED_COPY"})
       unsetenv(v);
     ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-    const uint64_t before = ShmTransport::wait_timeouts();
+    const uint64_t before = ShmTransport::wait_timeouts(), missed_before = ShmTransport::missed_wakeups();
     std::vector<std::string> err(2);
     std::vector<std::thread> ts;
     for (int r = 0; r < 2; ++r)
@@ -305,8 +305,17 @@ TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
       });
     for (auto& t : ts) t.join();
     for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+    EXPECT_EQ(ShmTransport::missed_wakeups() - missed_before, 0u)
+        << collective_name(m.coll) << " single copy from " << m.single_copy_bytes
+        << " B: an event arrived during a wait and did not end it";
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    // Stricter where the peer is fast enough: no wait lasts its 50 ms. Under a
+    // sanitizer on a loaded machine (ctest -j2), a peer can go 50 ms without
+    // producing anything (run 18: 8-29 such timeouts beside another TSan test,
+    // none alone); only a missed wake-up (above) is a bug there.
     EXPECT_EQ(ShmTransport::wait_timeouts() - before, 0u)
         << collective_name(m.coll) << " single copy from " << m.single_copy_bytes << " B: waits ended by timeout";
+#endif
   }
 }
 

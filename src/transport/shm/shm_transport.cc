@@ -116,6 +116,7 @@ constexpr uint64_t kCmaMappable = 2;
 constexpr size_t kPushMinBytes = 512 << 10;  // below this, one reader is as fast
 std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this process
 std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, this process
+std::atomic<uint64_t> g_missed_wakeups{0};     // ... with the doorbell rung meanwhile
 // Test counters of this process: small messages sent through slots, FIFO
 // writes that published bytes, and messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
@@ -1076,8 +1077,10 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
   self->waiters.fetch_add(1, std::memory_order_seq_cst);
   if (self->doorbell.load(std::memory_order_seq_cst) == seen) {
     timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>((timeout.count() % 1000000) * 1000)};
-    if (futex(&self->doorbell, FUTEX_WAIT, seen, &ts) != 0 && errno == ETIMEDOUT)
+    if (futex(&self->doorbell, FUTEX_WAIT, seen, &ts) != 0 && errno == ETIMEDOUT) {
       g_wait_timeouts.fetch_add(1, std::memory_order_relaxed);
+      if (self->doorbell.load(std::memory_order_seq_cst) != seen) g_missed_wakeups.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   self->waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
@@ -1090,6 +1093,7 @@ uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.lo
 uint64_t ShmTransport::mapped_messages() { return g_mapped_messages.load(std::memory_order_relaxed); }
 
 uint64_t ShmTransport::wait_timeouts() { return g_wait_timeouts.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::missed_wakeups() { return g_missed_wakeups.load(std::memory_order_relaxed); }
 
 void ShmTransport::wake_self() { segs_[rank_]->ring(); }
 

@@ -42,6 +42,11 @@ class ShmTransport final : public Transport {
   // Waits of this process that ended by their timeout rather than a doorbell
   // (a lost wake-up shows up here), for tests.
   static uint64_t wait_timeouts();
+  // Of those, the ones that found the doorbell rung when they woke: an event
+  // arrived during the wait and did not wake it (a lost wake-up), as opposed
+  // to a peer that produced nothing for the whole timeout (a slow or
+  // descheduled peer, as under a sanitizer on a loaded machine).
+  static uint64_t missed_wakeups();
   // Small messages this process sent through cache-line slots
   // (LOOM_SHM_SLOTS), for tests; approximate when ranks are threads.
   static uint64_t slot_messages();
