@@ -236,9 +236,18 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   // A reduce's inner ranks send their partial sums from Loom's scratch
   // (`scratch`), which goes through a mapping from map_min_bytes as in
   // reduce_scatter: no sender copy, the receiver reduces straight from it.
+  // But the sender's step ends only when the receiver has read it (a FIFO
+  // message ends once copied in), so the sender sleeps until then and must
+  // get its core back: a hand-off per message, on its core (hand_off_us when
+  // the receiver shares the core, hand_off_cross_us otherwise). Measured, 8
+  // ranks on 2 cores, 256 KiB (2 -> 0, 6 -> 4, 4 -> 0 mapped, all within a
+  // core), 400 iterations: binomial 135 us mapped, 103 through the FIFO
+  // (LOOM_SHM_MAP_SHARED=0), the chain 114; the model without the term chose
+  // binomial there (1.17-1.30x slower, run 18).
   auto msg = [&](int s, int r, double m, double k, double o, double b, bool scratch = false) {
     if (scratch && red && x.mapped(m)) {
-      at(s) += k * o;
+      const double wait = (s % cores == r % cores) ? x.c.hand_off_us : x.c.hand_off_cross_us;
+      at(s) += k * (o + wait);
       at(r) += k * (o + x.c.single_copy_alpha_us + m * (b * x.c.mapped_factor + gam));
       return;
     }

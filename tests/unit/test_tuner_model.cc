@@ -281,9 +281,12 @@ TEST(TunerModel, ReducePartialSumsGoMapped) {
   c.map_cache_bytes = 32 << 20;
   const double R = a / 2 + n * (b + g), S = a / 2 + n * b;
   // Core 0 (ranks 0, 2): 0 <- 1 and 2 <- 3 from the senders' buffers (FIFO),
-  // 2's mapped send (o) and 0's reduction of it (o + alpha + n g).
-  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c), 2 * R + a / 2 + a / 2 + 1.0 + n * g + 2 * hop,
-              1e-6);
+  // 2's mapped send (o, and a hand-off within the core: 2 sleeps until 0 has
+  // read it) and 0's reduction of it (o + alpha + n g).
+  c.hand_off_us = 7.0;
+  c.hand_off_cross_us = 3.0;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c),
+              2 * R + a / 2 + 7.0 + a / 2 + 1.0 + n * g + 2 * hop, 1e-6);
   // Past a quarter of the cache (or below map_min_bytes) no mapping.
   c.map_cache_bytes = 2 << 20;
   EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 1 << 20, p, c), 3 * R + S + 2 * hop, 1e-6);
@@ -295,7 +298,34 @@ TEST(TunerModel, ReducePartialSumsGoMapped) {
               1e-6);
 }
 
-// Tiny broadcasts on 8 oversubscribed ranks: chain and binomial both cost
+// A mapped send ends only when its receiver has read it: the sender sleeps
+// and waits for its core back, a hand-off per message. 8 ranks on 2 cores,
+// binomial reduce: 2 -> 0, 6 -> 4 and 4 -> 0 send partial sums mapped, all
+// within core 0. Measured (run 18), 256 KiB: binomial 135 us mapped, 103
+// through the FIFO, the chain 114; chosen before the term: binomial.
+TEST(TunerModel, OversubscribedMappedSendsWaitForTheirReader) {
+  const int p = 8;
+  CommCost c = uniform(p);
+  c.oversubscribed = true;
+  c.cores = 2;
+  c.single_copy_alpha_us = 1.0;
+  c.map_min_bytes = 256 << 10;
+  c.mapped_factor = 1.0;
+  c.map_cache_bytes = 32 << 20;
+  c.hand_off_us = 0;
+  c.hand_off_cross_us = 0;
+  const double free_wait = est(AlgoKind::kBinomial, Collective::kReduce, 256 << 10, p, c);
+  c.hand_off_us = 10;
+  c.hand_off_cross_us = 2;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 256 << 10, p, c) - free_wait, 3 * 10.0, 1e-6)
+      << "three mapped sends, each within core 0";
+  // Below map_min_bytes nothing is mapped: no wait is added.
+  const double small = est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c);
+  c.hand_off_us = c.hand_off_cross_us = 0;
+  EXPECT_NEAR(est(AlgoKind::kBinomial, Collective::kReduce, 128 << 10, p, c), small, 1e-6);
+}
+
+// Tiny broadcasts on 8 oversubscribed ranks// Tiny broadcasts on 8 oversubscribed ranks: chain and binomial both cost
 // p - 1 messages, 7 message ends on each core; the tie goes to the shallower
 // binomial tree (3 hand-offs in a row, not 7). With a core per rank the
 // busiest rank decides: the chain's inner rank (2 messages) against the
