@@ -669,7 +669,26 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kChain: {
           LinkCost r = x.ring();
           r.beta_us_per_byte += gam;
+          // Oversubscribed, a chunk reaches the next rank (on the other core)
+          // only once that rank's core-mates have yielded: per hop and chunk
+          // a hand-off each, which the chunk must amortise. Measured, 8 ranks
+          // on 2 cores, us (interleave.sh -R 3 -i 100-200 -x "-z 1"): reduce
+          // 256 KiB 98.4 in 18 KiB chunks (alpha alone) / 78.2 in 64 KiB,
+          // 1 MiB 333 / 288 in 128 KiB, 4 MiB 1519 / 1382 in 128 KiB. The
+          // broadcast chain gains alike (64 KiB 25.9 / 20.0 in 32 KiB, 1 MiB
+          // 328 / 286 in 256 KiB) but stays 1.25-1.45x behind the pipelined
+          // binomial tree for a reason the model does not know; with fewer
+          // chunks it would price the chain below the tree: reduce only.
+          const bool over = c.oversubscribed && c.cores > 0 && p > c.cores;
+          if (red && over) r.alpha_us += (static_cast<double>(p) / c.cores - 1) * c.hand_off_cross_us;
           chunk = pipelined(p - 1, n, r, c.min_chunk_bytes).chunk;
+          // And below the size from which partial sums go mapped: a mapped
+          // chunk costs its sender a hand-off (rooted_core_busy_us), and 256
+          // KiB chunks measured 2.3-2.5x slower than 128 KiB ones (8 ranks,
+          // 256 KiB: 183 against 84 us; 1 MiB 729 / 288).
+          // (The transport maps by message size alone, whatever the cache.)
+          if (red && over && c.map_min_bytes > 0 && chunk >= c.map_min_bytes)
+            chunk = std::max<size_t>(c.min_chunk_bytes, c.map_min_bytes / 2);
           break;
         }
         case AlgoKind::kTree: {
