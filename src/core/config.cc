@@ -35,8 +35,8 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
        "Single-copy threshold for the messages of the other collectives (all_gather, all_to_all, send/recv, "
        "2-rank broadcast), which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
-       "set; else between processes never when the host runs no more ranks than it has CPUs (the FIFO, "
-       "copying in steps on both cores, measured 1.05-2x faster) and 256K when oversubscribed; between threads "
+       "set; else between processes never (the FIFO measured 1.05-2x faster with a CPU per rank, copying in "
+       "steps on both cores, and 1.1-1.5x oversubscribed, except send/recv at 1-16M); between threads "
        "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
        "that never change between calls, as in nccl-tests' loop)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce and of binomial broadcast; set, it overrides the cost model's chunk."},
@@ -301,9 +301,19 @@ uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks) {
   // single-copy message into the receiver), min / median of 30 rounds,
   // 1M/4M/16M 45.3/173/1746 against 31.0/120/1670, medians 98.1/260/2423
   // against 45.5/152/2096.
-  // Oversubscribed, single copy from 256K as before (all_gather 8 ranks on
-  // 2 cores measured 1.3-2x faster by it).
-  return oversubscribed(local_ranks) ? kSingleCopyBytes : 0;
+  // Oversubscribed too (run 18; until then single copy from 256K, after
+  // all_gather at 8 ranks on 2 cores measured 1.3-2x faster by it, before the
+  // FIFOs were really mapped at setup: that FIFO path still paid a page fault
+  // per first touch). Measured, more ranks than the 2 cores, min of 3
+  // interleaved rounds, FIFO against single copy from 256K, us:
+  // all_gather -z 1, 4 ranks 256K/1M/4M/16M 53/115/573/3006 against
+  // 58/178/596/4199, 8 ranks 145/339/1511/6965 against 190/393/1468/7852;
+  // all_to_all -z 1, 4 ranks 46/129/627/3151 against 62/148/490/3512, 8 ranks
+  // 158/418/1771/8120 against 243/394/2031/9066. The exception: send/recv at 4
+  // ranks, 1M/4M/16M 231/1302/5594 against 187/903/5646 (at 8 ranks within
+  // 3%), a ring shift whose messages pass the 2 MiB FIFO in turns.
+  (void)local_ranks;
+  return 0;
 }
 
 uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
