@@ -269,16 +269,22 @@ TEST(TunerModel, OversubscribedRootedOpsPayForTheBusiestCore) {
 // Binomial, 4 ranks on 2 cores: 2 -> 0 (2 holds 3's sum) goes mapped.
 // Measured (algorithms.md run 14): 8 ranks 1 MiB binomial 437 us against the
 // chain's 707, which the model without the term had chosen.
-TEST(TunerModel, ReducePartialSumsGoMapped) {
-  const int p = 4;
-  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20, hop = 1e-3;
+// Oversubscribed on 2 cores, scratch read through a mapping from 256 KiB.
+CommCost mapped_scratch_machine(int p, double mapped_factor) {
   CommCost c = uniform(p);
   c.oversubscribed = true;
   c.cores = 2;
   c.single_copy_alpha_us = 1.0;
   c.map_min_bytes = 256 << 10;
-  c.mapped_factor = 0.0;
+  c.mapped_factor = mapped_factor;
   c.map_cache_bytes = 32 << 20;
+  return c;
+}
+
+TEST(TunerModel, ReducePartialSumsGoMapped) {
+  const int p = 4;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20, hop = 1e-3;
+  CommCost c = mapped_scratch_machine(p, 0.0);
   const double R = a / 2 + n * (b + g), S = a / 2 + n * b;
   // Core 0 (ranks 0, 2): 0 <- 1 and 2 <- 3 from the senders' buffers (FIFO),
   // 2's mapped send (o, and a hand-off within the core: 2 sleeps until 0 has
@@ -305,13 +311,7 @@ TEST(TunerModel, ReducePartialSumsGoMapped) {
 // through the FIFO, the chain 114; chosen before the term: binomial.
 TEST(TunerModel, OversubscribedMappedSendsWaitForTheirReader) {
   const int p = 8;
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
-  c.single_copy_alpha_us = 1.0;
-  c.map_min_bytes = 256 << 10;
-  c.mapped_factor = 1.0;
-  c.map_cache_bytes = 32 << 20;
+  CommCost c = mapped_scratch_machine(p, 1.0);
   c.hand_off_us = 0;
   c.hand_off_cross_us = 0;
   const double free_wait = est(AlgoKind::kBinomial, Collective::kReduce, 256 << 10, p, c);
