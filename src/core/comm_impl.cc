@@ -382,8 +382,9 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
       // The model's pipelining chunk, unless LOOM_CHUNK_BYTES pins one.
       if (sel->chunk_bytes && !env_raw("LOOM_CHUNK_BYTES"))
         args.chunk_elems = std::max<size_t>(1, sel->chunk_bytes / dtype_size(a.dt));
-      LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us{})", name_, rank_,
+      LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us, chunk {} B{})", name_, rank_,
                 collective_name(a.coll), bytes, a.in_place ? " in place" : "", chosen, sel->source, sel->predicted_us,
+                args.chunk_elems ? args.chunk_elems * dtype_size(a.dt) : params::chunk_bytes(),  // LOOM_CHUNK_BYTES
                 sel->runner_up.empty() ? "" : fmt::format(", runner-up {} {:.1f} us", sel->runner_up, sel->runner_up_us));
     }
   }

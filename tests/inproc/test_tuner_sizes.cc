@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -77,6 +78,10 @@ TEST(TunerSizes, BlockCollectivesAreSizedAsTheModelCounts) {
     const double logged = std::atof(text.str().c_str() + p + 10);
     EXPECT_NEAR(logged, all->predicted_us, 0.1 + 0.001 * all->predicted_us)
         << collective_name(coll) << ": predicted for one block would be " << per->predicted_us << " us";
+    // And the pipelining chunk the schedule got: the model's for the whole buffer.
+    size_t ck = text.str().find("chunk ", p);
+    ASSERT_NE(ck, std::string::npos) << "no chunk in the TUNE line";
+    EXPECT_EQ(std::strtoull(text.str().c_str() + ck + 6, nullptr, 10), all->chunk_bytes) << collective_name(coll);
   }
   for (auto& c : *comms) (void)c->destroy();
   unsetenv("LOOM_DEBUG");
