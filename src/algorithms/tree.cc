@@ -207,7 +207,7 @@ Result<RankSchedule> binomial_broadcast(const CollArgs& a) {
   const int v = mod(r - a.root, n);
   TreeRole t;
   auto rank_at = [&](int pos) { return (pos + a.root) % n; };
-  if (v > 0) t.parent = rank_at(v - (1 << (31 - __builtin_clz(static_cast<unsigned>(v)))));
+  if (v > 0) t.parent = rank_at(v - floor_pow2(v));
   for (int m = 1; m < n; m *= 2)
     if (m > v && v + m < n) t.children.push_back(rank_at(v + m));
   t.depth = __builtin_popcount(static_cast<unsigned>(v));

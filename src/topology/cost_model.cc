@@ -100,6 +100,10 @@ struct Ctx {
   double direct_beta() const { return all().beta_us_per_byte / std::max(c.direct_efficiency, 1e-3); }
 };
 
+// More ranks than cores, with the core count known: the ranks take turns
+// on the cores (the oversubscribed terms below apply).
+bool core_bound(const CommCost& c, int p) { return c.oversubscribed && c.cores > 0 && p > c.cores; }
+
 struct Pipe {
   double us;
   size_t chunk;
@@ -426,7 +430,7 @@ Rounds oversubscribed_rounds(AlgoKind a, Collective coll, int p, int cores) {
 
 // The oversubscribed price of a symmetric collective whose own terms are t.
 double oversubscribed_us(double t, AlgoKind a, Collective coll, int p, const CommCost& c) {
-  if (!c.oversubscribed || c.cores <= 0 || p <= c.cores) return t;
+  if (!core_bound(c, p)) return t;
   const double per_core = static_cast<double>(p) / c.cores;
   const Rounds r = oversubscribed_rounds(a, coll, p, c.cores);
   return t * per_core + (r.cross * c.hand_off_cross_us + r.same * c.hand_off_us) * (per_core - 1);
@@ -679,7 +683,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // 328 / 286 in 256 KiB) but stays 1.25-1.45x behind the pipelined
           // binomial tree for a reason the model does not know; with fewer
           // chunks it would price the chain below the tree: reduce only.
-          const bool over = c.oversubscribed && c.cores > 0 && p > c.cores;
+          const bool over = core_bound(c, p);
           if (red && over) r.alpha_us += (static_cast<double>(p) / c.cores - 1) * c.hand_off_cross_us;
           chunk = pipelined(p - 1, n, r, c.min_chunk_bytes).chunk;
           // And below the size from which partial sums go mapped: a mapped
@@ -713,7 +717,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kDirect: break;
         default: return std::nullopt;
       }
-      if (c.oversubscribed && c.cores > 0 && p > c.cores) {
+      if (core_bound(c, p)) {
         // Equal summed work (a chain and a binomial tree of tiny messages
         // both cost p - 1 messages) goes to the shallower algorithm: with
         // ranks waiting for a core, every hand-off in a row is a chance to
