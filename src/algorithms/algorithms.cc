@@ -113,7 +113,10 @@ std::string describe(const Step& s) {
     case StepKind::kSend: return fmt::format("send {} from {} to rank {}", s.count, ref(s.src), s.peer);
     case StepKind::kRecv: return fmt::format("recv {} from rank {} into {}", s.count, s.peer, ref(s.dst));
     case StepKind::kRecvReduce:
-      return fmt::format("recv_reduce {} from rank {} with {} into {}", s.count, s.peer, ref(s.src), ref(s.dst));
+      return s.incoming_first
+                 ? fmt::format("recv_reduce {} from rank {} (its partial first) with {} into {}", s.count, s.peer,
+                               ref(s.src), ref(s.dst))
+                 : fmt::format("recv_reduce {} from rank {} with {} into {}", s.count, s.peer, ref(s.src), ref(s.dst));
     case StepKind::kCopy: return fmt::format("copy {} {} -> {}", s.count, ref(s.src), ref(s.dst));
     case StepKind::kReduce: return fmt::format("reduce {} {} , {} -> {}", s.count, ref(s.src), ref(s.src2), ref(s.dst));
     case StepKind::kDivide: return fmt::format("divide {} at {}", s.count, ref(s.dst));

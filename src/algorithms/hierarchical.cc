@@ -55,7 +55,7 @@ Result<RankSchedule> hierarchical_allreduce(const CollArgs& a) {
   if (leader) {
     const int me_leader = static_cast<int>(std::find(leaders.begin(), leaders.end(), r) - leaders.begin());
     emit_recursive_doubling_allreduce(s, leaders, me_leader, out, out, {kBufScratch, 0}, a.count,
-                                      a.op == RedOp::kAvg);
+                                      a.op == RedOp::kAvg, /*in_place=*/true);
   }
   emit_binomial_bcast(s, local, 0, me_local, out, a.count);
   return s;

@@ -44,7 +44,7 @@ Result<RankSchedule> hypercube_allreduce(const CollArgs& a) {
   if (a.count == 0) return s;
   s.scratch_count = a.count;
   emit_recursive_doubling_allreduce(s, iota_group(n), a.rank, {kBufSend, 0}, {kBufRecv, 0}, {kBufScratch, 0}, a.count,
-                                    a.op == RedOp::kAvg);
+                                    a.op == RedOp::kAvg, a.in_place);
   return s;
 }
 

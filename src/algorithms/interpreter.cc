@@ -177,7 +177,8 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           std::memcpy(dst, m.data.data(), m.data.size());
         } else {
           LOOM_ASSIGN_OR_RETURN(std::byte * local, resolve(r, s.src, s.count, "recv_reduce local"));
-          kernels::reduce2(dst, local, m.data.data(), s.count, dt, op);
+          if (s.incoming_first) kernels::reduce2(dst, m.data.data(), local, s.count, dt, op);
+          else kernels::reduce2(dst, local, m.data.data(), s.count, dt, op);
         }
         rs.done[i] = true;
         progress = true;

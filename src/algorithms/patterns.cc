@@ -27,13 +27,14 @@ Step recv_step(int peer, BufRef dst, size_t count) {
   s.count = count;
   return s;
 }
-Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count) {
+Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count, bool incoming_first) {
   Step s;
   s.kind = StepKind::kRecvReduce;
   s.peer = peer;
   s.src = local;
   s.dst = dst;
   s.count = count;
+  s.incoming_first = incoming_first;
   return s;
 }
 Step copy_step(BufRef src, BufRef dst, size_t count) {
@@ -135,7 +136,7 @@ void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int ro
 }
 
 void emit_recursive_doubling_allreduce(RankSchedule& s, const std::vector<int>& group, int me, BufRef src, BufRef dst,
-                                       BufRef tmp, size_t count, bool divide_result) {
+                                       BufRef tmp, size_t count, bool divide_result, bool in_place) {
   const int m = static_cast<int>(group.size());
   if (count == 0) return;
   const Fold f = make_fold(m);
@@ -143,38 +144,42 @@ void emit_recursive_doubling_allreduce(RankSchedule& s, const std::vector<int>& 
   if (f.is_extra(me)) {
     // Hand the data to the odd partner, get the final result back.
     Phase p;
-    p.steps.push_back(send_step(g(me + 1), src, count));
+    p.steps.push_back(send_to_reduce_step(g(me + 1), src, count));
     push_phase(s, std::move(p));
     Phase q;
     q.steps.push_back(recv_step(g(me + 1), dst, count));
     push_phase(s, std::move(q));
     return;
   }
+  auto same = [](BufRef a, BufRef b) { return a.buf == b.buf && a.offset == b.offset; };
+  in_place = in_place || same(src, dst);
+  // The partial sum lives in `cur`: src at first (never written), then dst
+  // and tmp in turn. An exchange sends cur and reduces the partner's message
+  // into the other one: a single-copy send may be read until the phase ends,
+  // so the phase writes nothing it sends (dst aliases src when in place).
   BufRef cur = src;
+  auto next = [&](BufRef c) { return same(c, tmp) ? dst : (same(c, src) && !in_place) ? dst : tmp; };
   Phase pending;  // local steps that open the next phase
   if (me < 2 * f.extra) {
     Phase p;
-    p.steps.push_back(recv_step(g(me - 1), tmp, count));
-    push_phase(s, std::move(p));
     // The extra member has the lower rank: its data is the left operand.
-    pending.steps.push_back(reduce_step(tmp, src, dst, count));
-    cur = dst;
+    p.steps.push_back(recv_reduce_step(g(me - 1), src, next(src), count, /*incoming_first=*/true));
+    push_phase(s, std::move(p));
+    cur = next(src);
   }
   const int c = f.core_of(me);
   for (int mask = 1; mask < f.p2; mask *= 2) {
     const int pc = c ^ mask;
     const int peer = g(f.member_of(pc));
-    Phase p = std::move(pending);
-    pending = Phase{};
-    p.steps.push_back(send_step(peer, cur, count));
-    p.steps.push_back(recv_step(peer, tmp, count));
-    push_phase(s, std::move(p));
+    Phase p;
+    p.steps.push_back(send_to_reduce_step(peer, cur, count));
     // Canonical order: the lower rank's partial is the left operand on both
     // partners, so both evaluate the same expression bit for bit.
-    pending.steps.push_back(c < pc ? reduce_step(cur, tmp, dst, count) : reduce_step(tmp, cur, dst, count));
-    cur = dst;
+    p.steps.push_back(recv_reduce_step(peer, cur, next(cur), count, /*incoming_first=*/pc < c));
+    push_phase(s, std::move(p));
+    cur = next(cur);
   }
-  if (cur.buf != dst.buf || cur.offset != dst.offset) pending.steps.push_back(copy_step(cur, dst, count));
+  if (!same(cur, dst) && !(in_place && same(cur, src))) pending.steps.push_back(copy_step(cur, dst, count));
   if (divide_result) pending.steps.push_back(divide_step(dst, count));
   if (me < 2 * f.extra) pending.steps.push_back(send_step(g(me - 1), dst, count));
   push_phase(s, std::move(pending));

@@ -29,7 +29,8 @@ Step send_step(int peer, BufRef src, size_t count);
 // A send whose receiver reduces it (recv_reduce_step there): Step::peer_reduces.
 Step send_to_reduce_step(int peer, BufRef src, size_t count);
 Step recv_step(int peer, BufRef dst, size_t count);
-Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count);
+// dst = local OP incoming, or incoming OP local with incoming_first.
+Step recv_reduce_step(int peer, BufRef local, BufRef dst, size_t count, bool incoming_first = false);
 Step copy_step(BufRef src, BufRef dst, size_t count);
 // A copy_step the executor may overlap with the phase's transfers (Step::overlap).
 Step overlapped_copy_step(BufRef src, BufRef dst, size_t count);
@@ -67,13 +68,17 @@ void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int ro
                           size_t count);
 
 // Recursive-doubling allreduce over the group with the fold above: result in
-// `dst` on every member (src may equal dst); `tmp` must hold count elements;
-// divide_result applies kDivide (RedOp::kAvg) once, before the result is
-// handed back to the folded members.
-// Partners combine as (lower rank) OP (higher rank) through tmp and a local
-// reduce, so both partners compute the same expression and every member ends
-// with identical bits.
+// `dst` on every member; `in_place`: src and dst are the same memory (also
+// when given as different BufRefs, e.g. the send and receive buffers of an
+// in-place call); `tmp` must hold count elements; divide_result applies
+// kDivide (RedOp::kAvg) once, before the result is handed back to the folded
+// members.
+// Each exchange reduces the partner's message as it arrives (recv_reduce)
+// into a buffer the phase's send does not read (dst and tmp in turn), so no
+// copy into scratch and no separate reduce step. Partners combine as (lower
+// rank) OP (higher rank) (Step::incoming_first), so both compute the same
+// expression and every member ends with identical bits.
 void emit_recursive_doubling_allreduce(RankSchedule& s, const std::vector<int>& group, int me, BufRef src, BufRef dst,
-                                       BufRef tmp, size_t count, bool divide_result);
+                                       BufRef tmp, size_t count, bool divide_result, bool in_place);
 
 }  // namespace loom::patterns

@@ -40,7 +40,7 @@ struct BufRef {
 enum class StepKind : uint8_t {
   kSend,        // send count elements from src to peer
   kRecv,        // receive count elements from peer into dst
-  kRecvReduce,  // dst = src (local) OP incoming from peer
+  kRecvReduce,  // dst = src (local) OP incoming from peer (incoming OP src: Step::incoming_first)
   kCopy,        // dst = src (local)
   kReduce,      // dst = src OP src2 (local)
   kDivide,      // dst = dst / nranks (the final step of RedOp::kAvg)
@@ -65,6 +65,11 @@ struct Step {
   // messages go single-copy only from a higher size). The interpreter
   // rejects a send whose flag disagrees with its receive.
   bool peer_reduces = false;
+  // Receive-reduces only: the incoming partial is the left operand (dst =
+  // incoming OP src). Partners that each reduce the other's message keep one
+  // operand order on both sides (lower rank's partial first), so both
+  // compute the same expression bit for bit (NaN payloads, max/min ties).
+  bool incoming_first = false;
 };
 
 inline bool is_comm_step(StepKind k) {

@@ -288,7 +288,9 @@ bool divide_avx2(void*, const void*, size_t, DataType, uint64_t) { return false;
 
 void reduce2(void* dst, const void* a, const void* b, size_t count, DataType dt, RedOp op) {
   if (count == 0) return;
-  if (use_avx2() && detail::reduce2_avx2(dst, a, b, count, dt, op)) return;
+  // Less than one 32-byte vector: the vector kernel would only dispatch to
+  // this scalar loop for its tail (~100 instructions of an 8 B allreduce).
+  if (count * dtype_size(dt) >= 32 && use_avx2() && detail::reduce2_avx2(dst, a, b, count, dt, op)) return;
   detail::reduce2_scalar(dst, a, b, count, dt, op);
 }
 

@@ -538,7 +538,10 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           for (int k = 0; k < L; ++k) t += 2 * (x.lvl(k).alpha_us + n * x.lvl(k).beta_us_per_byte) + n * x.g();
           break;
         case AlgoKind::kHypercube:
-          // Each exchange lands in scratch and is reduced by a local step.
+          // Each exchange is reduced as it arrives. Priced as before that
+          // (stored, then reduced): oversubscribed, a single-copy read of the
+          // partner's whole partial saves no summed work either way
+          // (TunerModel.OversubscribedScratchReadsSaveNothing).
           for (int k = 0; k < L2; ++k)
             t += x.lvl(k).alpha_us + x.move(n, x.lvl(k).beta_us_per_byte, Land::kStoreThenReduce) + n * x.g();
           t += fold_cost(x, true, true);

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -128,6 +129,43 @@ TEST(AlgorithmProps, EveryAllreduceGivesIdenticalBitsOnEveryRank) {
     }
   }
   EXPECT_GT(cases, 1000u);
+}
+
+// Max and min let a NaN through only from their left operand, and a sum of
+// two NaNs keeps the left one's payload: partners that each reduce the other's
+// message must put the same one first (Step::incoming_first), or the ranks
+// return different bits. Regression: recursive doubling reduces the
+// partner's message as it arrives; with its operand order flipped on one side
+// ranks disagree here (and nowhere in the finite-input test above).
+TEST(AlgorithmProps, EveryAllreduceGivesIdenticalBitsWithNaNs) {
+  size_t cases = 0;
+  for (const std::string& algo : allreduce_algorithms()) {
+    for (int n : {2, 3, 4, 5, 8}) {
+      for (bool in_place : {false, true}) {
+        for (RedOp op : {RedOp::kMax, RedOp::kMin, RedOp::kSum}) {
+          const size_t count = 12;
+          // float32: rank r holds a NaN of payload r + 1 in every element i
+          // with (i + r) % 3 == 0, a finite value elsewhere.
+          std::vector<std::vector<std::byte>> in(n, std::vector<std::byte>(count * 4));
+          for (int r = 0; r < n; ++r)
+            for (size_t i = 0; i < count; ++i) {
+              const uint32_t bits = (i + static_cast<size_t>(r)) % 3 == 0
+                                        ? 0x7fc00000u | static_cast<uint32_t>(r + 1)
+                                        : std::bit_cast<uint32_t>(static_cast<float>(r) * 0.37f - static_cast<float>(i));
+              std::memcpy(in[r].data() + i * 4, &bits, 4);
+            }
+          RunResult run = run_allreduce(algo, in, count, DataType::kFloat32, op, in_place);
+          ASSERT_EQ(run.error, "") << algo << " n=" << n;
+          for (int r = 1; r < n; ++r)
+            ASSERT_EQ(std::memcmp(run.out[0].data(), run.out[r].data(), count * 4), 0)
+                << algo << ": rank " << r << " differs from rank 0, n=" << n << " " << redop_name(op)
+                << (in_place ? " in place" : "");
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 100u);
 }
 
 // The direct algorithms promise the sum in rank order 0, 1, ..., n-1.
@@ -254,6 +292,50 @@ TEST(AlgorithmProps, TreeIsPipelined) {
     ASSERT_TRUE(s.is_ok());
     EXPECT_LE(s->phases.size(), 100u + 2 * 3 + 2) << "rank " << r;
     EXPECT_GE(s->phases.size(), 100u) << "rank " << r;
+  }
+}
+
+// Recursive doubling reduces the partner's message as it arrives, into a
+// buffer the phase's send does not read: a single-copy send may be read by
+// the partner until the phase ends, so no transfer of a phase may write what
+// it sends
+// (in place, the send and receive buffers are one). At 2 ranks out of place
+// the whole allreduce is one exchange: no scratch, no local step.
+TEST(AlgorithmProps, RecursiveDoublingNeverWritesWhatItsPhaseSends) {
+  for (int n = 2; n <= 17; ++n) {
+    for (bool in_place : {false, true}) {
+      for (int r = 0; r < n; ++r) {
+        CollArgs a;
+        a.coll = Collective::kAllReduce;
+        a.count = 64;
+        a.nranks = n;
+        a.rank = r;
+        a.in_place = in_place;
+        auto s = make_schedule(a, "hypercube");
+        ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+        auto mem = [&](BufRef b) { return in_place && b.buf == kBufSend ? kBufRecv : b.buf; };
+        for (const Phase& ph : s->phases) {
+          for (const Step& snd : ph.steps) {
+            if (snd.kind != StepKind::kSend) continue;
+            for (const Step& w : ph.steps) {
+              // Local steps run before the phase's transfers start (schedule.h).
+              if (w.kind != StepKind::kRecv && w.kind != StepKind::kRecvReduce && !w.overlap) continue;
+              const bool overlap = mem(w.dst) == mem(snd.src) && w.dst.offset < snd.src.offset + snd.count &&
+                                   snd.src.offset < w.dst.offset + w.count;
+              EXPECT_FALSE(overlap) << "n=" << n << " rank " << r << (in_place ? " in place" : "") << ": '"
+                                    << describe(w) << "' writes what '" << describe(snd) << "' sends";
+            }
+          }
+        }
+        if (n == 2 && !in_place) {
+          ASSERT_EQ(s->phases.size(), 1u);
+          ASSERT_EQ(s->phases[0].steps.size(), 2u);
+          EXPECT_EQ(s->phases[0].steps[1].kind, StepKind::kRecvReduce);
+          EXPECT_EQ(s->phases[0].steps[1].dst.buf, kBufRecv);
+          EXPECT_EQ(s->phases[0].steps[1].incoming_first, r == 1);
+        }
+      }
+    }
   }
 }
 
