@@ -37,6 +37,8 @@ struct Args {
   bool json = false;
   bool estimates = false;        // --estimates: every algorithm's model estimate, CSV
   std::vector<size_t> sizes;     // --sizes: for --estimates (default: the selection table's)
+  double round_across_us = -1;   // --hand-off: the probe's rounds, as the TUNE log prints them
+  double round_within_us = -1;
 };
 
 void usage(FILE* out) {
@@ -51,6 +53,10 @@ void usage(FILE* out) {
                "  --estimates         instead: the cost model's estimate for every collective, size and\n"
                "                      algorithm, as CSV (collective,bytes,algorithm,predicted_us,chunk_bytes)\n"
                "  --sizes LIST        sizes for --estimates (8,4K,1M; bytes as in the perf tables)\n"
+               "  --hand-off A,W      for --estimates with more ranks than cores: the hand-off probe's round\n"
+               "                      times in us, across cores and within one, as a job's TUNE log prints\n"
+               "                      them ('a round 9.15 us across cores, 16.12 us within one'), so the\n"
+               "                      estimates are the ones that job's tuner weighed\n"
                "Environment: LOOM_ALGO (override, e.g. allreduce:0-64K:hypercube,64K-:ring), LOOM_TUNER_PLUGIN.\n");
 }
 
@@ -140,6 +146,20 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loom-topo: bad size in --sizes '%s'\n", list);
         return 2;
       }
+    } else if (s == "--hand-off") {
+      const char* v = next("--hand-off");
+      char* end = nullptr;
+      a.round_across_us = std::strtod(v, &end);
+      if (end == v || *end != ',') {
+        std::fprintf(stderr, "loom-topo: --hand-off wants ACROSS_US,WITHIN_US, got '%s'\n", v);
+        return 2;
+      }
+      const char* w = end + 1;
+      a.round_within_us = std::strtod(w, &end);
+      if (end == w || *end != '\0' || a.round_across_us < 0 || a.round_within_us < 0) {
+        std::fprintf(stderr, "loom-topo: --hand-off wants ACROSS_US,WITHIN_US, got '%s'\n", v);
+        return 2;
+      }
     } else if (s == "--nranks") {
       if (!parse_int(next("--nranks"), 1, 4096, a.nranks)) {
         std::fprintf(stderr, "loom-topo: --nranks must be 1..4096\n");
@@ -182,6 +202,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   Tuner& tuner = *tuner_r.value();
+  if (a.round_across_us >= 0) {
+    Status st = tuner.set_hand_off_rounds(a.round_across_us, a.round_within_us);
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "loom-topo: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
   if (a.estimates) {
     // What the tuner weighs (LOOM_ALGO and plugins aside): for "why this
     // algorithm?" and for checking the model against a measured sweep.

@@ -162,5 +162,26 @@ TEST(TopoCli, EstimatesAgreeWithTheSelection) {
   EXPECT_GE(checked, 12) << "Selection rows at 8 B / 2M / 16M not found";
 }
 
+// --hand-off A,W gives the estimates a job's tuner weighed after its
+// hand-off probe (the TUNE log's "a round A us across cores, W us within
+// one"): with more ranks than cores they grow with the rounds.
+TEST(TopoCli, HandOffRoundsReachTheEstimates) {
+  const int ranks = 4 * std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));  // oversubscribed anywhere
+  const std::string topo = "env -u LOOM_ALGO -u LOOM_TUNER_PLUGIN LOOM_TOPO_QUIET=1 " + loom::testing::build_bin("loom-topo") +
+                           " --nranks " + std::to_string(ranks) + " --estimates --sizes 8";
+  auto ring_us = [&](const std::string& extra) {
+    std::istringstream est(loom::testing::run_command(topo + extra));
+    for (std::string line; std::getline(est, line);)
+      if (line.rfind("allreduce,8,ring,", 0) == 0) return std::stod(line.substr(17));
+    ADD_FAILURE() << "no allreduce,8,ring row with '" << extra << "'";
+    return 0.0;
+  };
+  const double slow = ring_us(" --hand-off 100,200"), fast = ring_us(" --hand-off 0,0");
+  EXPECT_GT(slow, fast + 100);
+  const std::string bad = loom::testing::run_command(topo + " --hand-off 5 2>&1; echo rc=$?");
+  EXPECT_NE(bad.find("--hand-off wants ACROSS_US,WITHIN_US"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("rc=2"), std::string::npos) << bad;
+}
+
 }  // namespace
 }  // namespace loom::topo
