@@ -39,6 +39,19 @@ struct Ctx {
   // The transport moves every message of the op as a reduced one
   // (core/message_class.h, RankSchedule::reduced_class).
   bool reducing = false;
+  // Symmetric collectives with more ranks than cores (set in estimate()):
+  // the per-byte factor of a message between two ranks of one core
+  // (CommCost::same_core_beta_factor), rank r on core r mod cores; 1 = off.
+  double same_core = 1.0;
+  int cores = 1;
+  // Partners 2^k apart (exchange i ^ 2^k, or shift i + 2^k) share a core.
+  bool level_shares_core(int k) const { return same_core != 1.0 && k >= 0 && k < 30 && (1 << k) % cores == 0; }
+  // Mean factor over every peer of a rank: p / cores - 1 of its p - 1 share its core.
+  double peers_factor() const {
+    if (same_core == 1.0 || p < 2) return 1.0;
+    const double mates = std::max(0.0, std::ceil(static_cast<double>(p) / cores) - 1);
+    return (mates * same_core + (p - 1 - mates)) / (p - 1);
+  }
   LinkCost lvl(int k) const {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
     // A level whose partners sit on different hosts (ranks placed in
@@ -53,10 +66,16 @@ struct Ctx {
       if ((1 << k) >= q) l.beta_us_per_byte *= q;  // partners 2^k >= q apart: other hosts
     }
     l.beta_us_per_byte *= beta_scale;
+    if (level_shares_core(k)) l.beta_us_per_byte *= same_core;
     return l;
   }
-  LinkCost ring() const { return {c.ring.alpha_us, c.ring.beta_us_per_byte * beta_scale}; }
+  // Neighbours i, i + 1 share a core only when there is one core.
+  LinkCost ring() const {
+    return {c.ring.alpha_us, c.ring.beta_us_per_byte * beta_scale * (cores == 1 ? same_core : 1.0)};
+  }
   LinkCost all() const { return {c.all.alpha_us, c.all.beta_us_per_byte * beta_scale}; }
+  // A rank's messages to every peer (direct, pairwise): the mean over the peers' placement.
+  LinkCost peers() const { return {c.all.alpha_us, c.all.beta_us_per_byte * beta_scale * peers_factor()}; }
   LinkCost tree_edge() const {
     LinkCost w = lvl(0);
     for (int k = 1; k < ceil_log2(p); ++k) {
@@ -97,7 +116,7 @@ struct Ctx {
   }
   // Start-up of p-1 concurrent messages: one alpha plus a small overlap each.
   double direct_alpha() const { return c.all.alpha_us + std::max(0, p - 2) * c.overlap_us; }
-  double direct_beta() const { return all().beta_us_per_byte / std::max(c.direct_efficiency, 1e-3); }
+  double direct_beta() const { return peers().beta_us_per_byte / std::max(c.direct_efficiency, 1e-3); }
 };
 
 // More ranks than cores, with the core count known: the ranks take turns
@@ -500,6 +519,12 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   e.channels = std::clamp(std::min(need, by_size), 1, std::max(c.max_channels, 1));
   double fill = std::min(1.0, e.channels * c.channel_fraction);
   Ctx x{c, n, p, 1.0 / std::max(fill, 1e-3), moves_as_reduced(coll, p, a == AlgoKind::kDirect)};
+  const bool symmetric = coll == Collective::kAllReduce || coll == Collective::kReduceScatter ||
+                         coll == Collective::kAllGather || coll == Collective::kAllToAll;
+  if (symmetric && core_bound(c, p)) {
+    x.same_core = c.same_core_beta_factor;
+    x.cores = c.cores;
+  }
 
   const int L = ceil_log2(p);
   const int L2 = ceil_log2(floor_pow2(p));  // steps of the power-of-two core
@@ -612,7 +637,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           t = x.direct_alpha() + (pp - 1) / pp * n * (x.direct_beta() + x.g());
           break;
         case AlgoKind::kPairwise: {
-          LinkCost l = x.all();
+          LinkCost l = x.peers();
           t = (pp - 1) * (l.alpha_us + n / pp * (l.beta_us_per_byte + x.g()));
           break;
         }
@@ -736,7 +761,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
     case Collective::kAllToAll:
       switch (a) {
         case AlgoKind::kPairwise: {
-          LinkCost l = x.all();
+          LinkCost l = x.peers();
           t = (pp - 1) * (l.alpha_us + x.move(n / pp, l.beta_us_per_byte, Land::kStore));
           break;
         }
@@ -749,7 +774,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // (measured, 4 and 8 ranks: direct 1.02-1.16x faster than pairwise
           // at every size from 128 KiB). Across hosts p-1 senders converge on
           // one NIC at once: direct_efficiency applies.
-          const double b = c.nhosts > 1 ? x.direct_beta() : x.all().beta_us_per_byte;
+          const double b = c.nhosts > 1 ? x.direct_beta() : x.peers().beta_us_per_byte;
           t = x.direct_alpha() + (pp - 1) * x.move(n / pp, b, Land::kStore);
           break;
         }

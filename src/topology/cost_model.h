@@ -133,6 +133,15 @@ struct CommCost {
   // (cost_model.cc).
   double hand_off_us = 4.0;
   double hand_off_cross_us = 1.0;
+  // Oversubscribed, symmetric collectives: the per-byte cost of a message
+  // between two ranks of one core, relative to beta. The receiver reads lines
+  // its core-mate has just written, still in that core's cache; across cores
+  // they move between caches. Fitted on the slopes of 8 ranks on 2 cores,
+  // allreduce 4-256 KiB, us per KiB, measured / model with 1.0 / with 0.5:
+  // recursive doubling (one step of three across) 1.03-1.3 / 1.63 / 1.22,
+  // two-shot (4 of 7 peers across) 0.78-0.88 / 1.01 / 0.82, Rabenseifner
+  // (the two big steps within) 0.48-0.60 / 0.84 / 0.53. 1 = placement-blind.
+  double same_core_beta_factor = 0.5;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };
