@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/config.h"
 #include "core/shared_buffers.h"
 #include "kernels/host_reduce.h"
 #include "loom/memory.h"
@@ -14,8 +15,16 @@ namespace {
 class HostMemory final : public MemoryBackend {
  public:
   const char* name() const override { return "host"; }
+  // Copies from this size take streaming stores (LOOM_COPY_STREAM_BYTES).
+  const uint64_t stream_bytes_ = params::copy_stream_bytes();
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (dst != src) std::memmove(dst, src, bytes);
+    if (dst == src) return;
+    const auto* d = static_cast<const std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    if (bytes >= stream_bytes_ && stream_bytes_ > 0 && (d + bytes <= s || s + bytes <= d))
+      kernels::stream_copy(dst, src, bytes);
+    else
+      std::memmove(dst, src, bytes);
   }
   void reduce(void* dst, const void* a, const void* b, size_t count, DataType dt, RedOp op) override {
     kernels::reduce2(dst, a, b, count, dt, op);

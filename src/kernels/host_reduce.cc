@@ -282,6 +282,7 @@ bool avx2_compiled() {
 // Builds without the AVX2 file (non-x86, or a compiler without -mavx2).
 bool reduce2_avx2(void*, const void*, const void*, size_t, DataType, RedOp) { return false; }
 bool divide_avx2(void*, const void*, size_t, DataType, uint64_t) { return false; }
+void stream_copy_avx2(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 #endif
 
 }  // namespace detail
@@ -292,6 +293,11 @@ void reduce2(void* dst, const void* a, const void* b, size_t count, DataType dt,
   // this scalar loop for its tail (~100 instructions of an 8 B allreduce).
   if (count * dtype_size(dt) >= 32 && use_avx2() && detail::reduce2_avx2(dst, a, b, count, dt, op)) return;
   detail::reduce2_scalar(dst, a, b, count, dt, op);
+}
+
+void stream_copy(void* dst, const void* src, size_t bytes) {
+  if (use_avx2()) detail::stream_copy_avx2(dst, src, bytes);
+  else std::memcpy(dst, src, bytes);
 }
 
 void divide(void* dst, const void* src, size_t count, DataType dt, uint64_t n) {

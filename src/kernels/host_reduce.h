@@ -51,6 +51,13 @@ double load_element(const void* base, size_t index, DataType dt);
 // stores 0 and values beyond +-2^64 are unspecified (but not UB).
 void store_element(void* base, size_t index, DataType dt, double value);
 
+// memcpy for large copies whose destination is not read again soon: the
+// bulk goes with non-temporal (streaming) stores, which skip reading each
+// destination line into the cache first (a third of the memory traffic of a
+// copy that misses the cache). dst and src must not overlap. Without AVX2 it
+// is memcpy.
+void stream_copy(void* dst, const void* src, size_t bytes);
+
 // "avx2" or "scalar": the path reduce2/divide use on this machine, for logs.
 const char* reduce_isa();
 
@@ -70,6 +77,7 @@ bool avx2_usable();
 // called when avx2_usable().
 bool reduce2_avx2(void* dst, const void* a, const void* b, size_t count, DataType dt, RedOp op);
 bool divide_avx2(void* dst, const void* src, size_t count, DataType dt, uint64_t n);
+void stream_copy_avx2(void* dst, const void* src, size_t bytes);
 
 }  // namespace detail
 

@@ -14,8 +14,10 @@
 // loop is bound by memory bandwidth rather than by the loop overhead.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/host_reduce.h"
 
@@ -334,6 +336,30 @@ bool reduce2_avx2(void* dst, const void* a, const void* b, size_t count, DataTyp
                    static_cast<const char*>(b) + off, count - done, dt, op);
   }
   return true;
+}
+
+void stream_copy_avx2(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  // Head up to a 32-byte aligned destination, then 128 bytes per iteration
+  // with streaming stores, then the tail: the ends through memcpy.
+  const size_t head = std::min(bytes, static_cast<size_t>((32 - reinterpret_cast<uintptr_t>(d) % 32) % 32));
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 128 <= bytes; i += 128) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    const __m256i v2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    const __m256i v3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), v0);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), v1);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 64), v2);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 96), v3);
+  }
+  // Streaming stores are weakly ordered: fence before anyone is told the
+  // bytes are there (a flag store, a FIFO tail).
+  _mm_sfence();
+  std::memcpy(d + i, s + i, bytes - i);
 }
 
 bool divide_avx2(void* dst, const void* src, size_t count, DataType dt, uint64_t n) {

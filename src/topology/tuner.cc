@@ -26,26 +26,6 @@ constexpr size_t kCpuCacheBytes = size_t{1} << 20;
 // The host's last-level cache (sysfs: the highest cache level of CPU 0, e.g.
 // "32768K"); 32 MiB when it cannot be read. sysconf's LEVEL3_CACHE_SIZE is
 // not used: it reported 320 MiB on the 32 MiB reference VM.
-size_t host_llc_bytes() {
-  static const size_t bytes = [] {
-    size_t best = 0;
-    int best_level = 0;
-    for (int i = 0; i < 8; ++i) {
-      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-      std::ifstream level_f(dir + "level"), size_f(dir + "size");
-      int level = 0;
-      std::string size;
-      if (!(level_f >> level) || !(size_f >> size) || size.empty()) continue;
-      size_t v = std::strtoull(size.c_str(), nullptr, 10);
-      const char unit = size.back();
-      if (unit == 'K') v <<= 10;
-      else if (unit == 'M') v <<= 20;
-      if (level > best_level && v > 0) best_level = level, best = v;
-    }
-    return best > 0 ? best : size_t{32} << 20;
-  }();
-  return bytes;
-}
 constexpr double kGpuChannelGBps = 25.0;   // what one GPU channel (a few SMs) drives
 constexpr double kCpuChannelGBps = kHostMemBw;
 constexpr double kUnknownNetGBps = 1.0;    // no NIC known: assume 10 GbE-class
@@ -175,7 +155,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     if (c.oversubscribed) c.cores = params::host_cores();
     if (params::shm_map_shared() != 0) {
       c.map_min_bytes = params::shm_map_min_bytes();
-      c.map_cache_bytes = host_llc_bytes();
+      c.map_cache_bytes = params::host_llc_bytes();
       // Oversubscribed, a partial sum read through a mapping costs its
       // reader as much as a FIFO message: the lines were just written by a
       // rank on another core (or swapped out with its turn), and the saved

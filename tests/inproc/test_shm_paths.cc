@@ -202,6 +202,19 @@ TEST(ShmPaths, FifoWritesAreStepSized) {
 
 // Steps default to 256K with a CPU per rank, none oversubscribed (each step a
 // waiting receiver takes would be a context switch there).
+// Local copies from a quarter of the last-level cache take streaming
+// stores (performance.md Run 19); the variable sets the size, 0 = never.
+TEST(ShmPaths, StreamCopyDefaults) {
+  unsetenv("LOOM_COPY_STREAM_BYTES");
+  EXPECT_GE(params::host_llc_bytes(), size_t{1} << 20);
+  EXPECT_EQ(params::copy_stream_bytes(), params::host_llc_bytes() / 4);
+  setenv("LOOM_COPY_STREAM_BYTES", "0", 1);
+  EXPECT_EQ(params::copy_stream_bytes(), 0u);
+  setenv("LOOM_COPY_STREAM_BYTES", "1M", 1);
+  EXPECT_EQ(params::copy_stream_bytes(), 1u << 20);
+  unsetenv("LOOM_COPY_STREAM_BYTES");
+}
+
 TEST(ShmPaths, FifoStepDefaults) {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   EXPECT_EQ(params::shm_fifo_step_bytes(cpus), 256u << 10);
