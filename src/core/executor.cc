@@ -32,7 +32,9 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       send_hdr_token_(nranks, 0),
       recv_hdr_token_(nranks, 0),
       hdr_out_(nranks),
-      hdr_in_(nranks) {}
+      hdr_in_(nranks) {
+  stream_bytes_ = params::copy_stream_bytes();
+}
 
 Executor::~Executor() { mem_->release(scratch_, scratch_bytes_); }
 
@@ -178,6 +180,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         // ---- end diag
         if (s.kind == StepKind::kRecv && mem_->host_accessible()) {
           // Plain receive: let the transport land bytes directly (single copy).
+          a.conn->set_recv_stream(stream_bytes_ > 0 && a.total >= stream_bytes_);
           while (a.done < a.total) {
             size_t n = a.conn->recv_into(a.dst + a.done, a.total - a.done);
             if (n == 0) break;

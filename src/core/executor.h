@@ -91,6 +91,9 @@ class Executor {
   const diag::Fingerprint* fp_ = nullptr;
   uint64_t op_token_ = 0;
   bool reduced_class_ = false;  // RankSchedule::reduced_class of the running op
+  // Plain receives of at least this many bytes land with streaming stores
+  // (LOOM_COPY_STREAM_BYTES; 0 = never).
+  uint64_t stream_bytes_ = 0;
   std::vector<uint64_t> send_hdr_token_, recv_hdr_token_;
   // Small first messages travel with the header as one message (one doorbell,
   // one wake-up): header + up to kCoalesceBytes of data, staged per peer.

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "kernels/host_reduce.h"
 #include "loom/status.h"
 
 namespace loom {
@@ -42,6 +43,10 @@ class Connection {
   // from a lower size for plain messages). Read only when a message starts.
   void set_send_reduced(bool reduced) { send_reduced_ = reduced; }
   void set_recv_reduced(bool reduced) { recv_reduced_ = reduced; }
+  // The executor's hint before a plain receive into host memory: the whole
+  // message is large enough (LOOM_COPY_STREAM_BYTES) that recv_into's copies
+  // out of the transport take streaming stores (kernels::stream_copy).
+  void set_recv_stream(bool stream) { recv_stream_ = stream; }
   // Receives up to msg_remaining bytes of the current incoming message
   // straight into dst and returns how many; 0 when nothing has arrived.
   // Transports with a single-copy path (shm + CMA) override it; the default
@@ -51,7 +56,8 @@ class Connection {
     while (done < msg_remaining) {
       auto span = recv_peek(msg_remaining - done);
       if (span.empty()) break;
-      std::memcpy(dst + done, span.data(), span.size());
+      if (recv_stream_) kernels::stream_copy(dst + done, span.data(), span.size());
+      else std::memcpy(dst + done, span.data(), span.size());
       recv_consume(span.size(), msg_remaining - done);
       done += span.size();
     }
@@ -61,6 +67,7 @@ class Connection {
  protected:
   bool send_reduced_ = false;
   bool recv_reduced_ = false;
+  bool recv_stream_ = false;
 };
 
 class Transport {

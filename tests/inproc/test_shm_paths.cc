@@ -231,6 +231,16 @@ TEST(ShmPaths, FifoOddSteps) {
   run_mix(3, "0", "64K");
   unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
 }
+// Streaming stores for every plain receive out of the FIFO and every local
+// copy (LOOM_COPY_STREAM_BYTES=1; by default only from LLC/4), landing at odd
+// offsets in odd steps.
+TEST(ShmPaths, FifoStreamingCopies) {
+  setenv("LOOM_COPY_STREAM_BYTES", "1", 1);
+  setenv("LOOM_SHM_FIFO_STEP_BYTES", "4104", 1);
+  run_mix(3, "0", "64K");
+  unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
+  unsetenv("LOOM_COPY_STREAM_BYTES");
+}
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }
 TEST(ShmPaths, SingleCopyEverything) { run_mix(4, "1", "4K"); }
 
