@@ -85,6 +85,16 @@ std::vector<std::vector<std::byte>> random_inputs(int n, size_t count, DataType 
   return in;
 }
 
+// An allreduce call of `count` elements as rank r of n sees it.
+CollArgs allreduce_args(int n, int r, size_t count) {
+  CollArgs a;
+  a.coll = Collective::kAllReduce;
+  a.count = count;
+  a.nranks = n;
+  a.rank = r;
+  return a;
+}
+
 std::vector<std::string> allreduce_algorithms() {
   std::vector<std::string> names;
   for (const Algorithm* a : algorithms_for(Collective::kAllReduce)) names.emplace_back(a->name);
@@ -259,11 +269,7 @@ TEST(AlgorithmProps, DoubleTreeInteriorsAreDisjoint) {
   for (int n = 3; n <= 40; ++n) {
     int both = 0;
     for (int r = 0; r < n; ++r) {
-      CollArgs a;
-      a.coll = Collective::kAllReduce;
-      a.count = 1000;
-      a.nranks = n;
-      a.rank = r;
+      CollArgs a = allreduce_args(n, r, 1000);
       a.chunk_elems = 1000;
       auto s = make_schedule(a, "tree");
       ASSERT_TRUE(s.is_ok());
@@ -298,18 +304,13 @@ TEST(AlgorithmProps, TreeIsPipelined) {
 // Recursive doubling reduces the partner's message as it arrives, into a
 // buffer the phase's send does not read: a single-copy send may be read by
 // the partner until the phase ends, so no transfer of a phase may write what
-// it sends
-// (in place, the send and receive buffers are one). At 2 ranks out of place
+// it sends (in place, the send and receive buffers are one). At 2 ranks out of place
 // the whole allreduce is one exchange: no scratch, no local step.
 TEST(AlgorithmProps, RecursiveDoublingNeverWritesWhatItsPhaseSends) {
   for (int n = 2; n <= 17; ++n) {
     for (bool in_place : {false, true}) {
       for (int r = 0; r < n; ++r) {
-        CollArgs a;
-        a.coll = Collective::kAllReduce;
-        a.count = 64;
-        a.nranks = n;
-        a.rank = r;
+        CollArgs a = allreduce_args(n, r, 64);
         a.in_place = in_place;
         auto s = make_schedule(a, "hypercube");
         ASSERT_TRUE(s.is_ok()) << s.status().to_string();

@@ -24,6 +24,14 @@ CommCost uniform(int p, double alpha = 2.0, double beta = 1e-3, double gamma = 0
   return c;
 }
 
+// uniform(p) with more ranks than `cores` (rank r on core r mod cores).
+CommCost oversubscribed_uniform(int p, int cores) {
+  CommCost c = uniform(p);
+  c.oversubscribed = true;
+  c.cores = cores;
+  return c;
+}
+
 double est(AlgoKind a, Collective coll, size_t n, int p, const CommCost& c) {
   auto e = estimate(a, coll, n, p, c);
   EXPECT_TRUE(e.has_value()) << algo_name(a) << " " << collective_name(coll);
@@ -271,9 +279,7 @@ TEST(TunerModel, OversubscribedRootedOpsPayForTheBusiestCore) {
 // chain's 707, which the model without the term had chosen.
 // Oversubscribed on 2 cores, scratch read through a mapping from 256 KiB.
 CommCost mapped_scratch_machine(int p, double mapped_factor) {
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
+  CommCost c = oversubscribed_uniform(p, 2);
   c.single_copy_alpha_us = 1.0;
   c.map_min_bytes = 256 << 10;
   c.mapped_factor = mapped_factor;
@@ -334,9 +340,7 @@ TEST(TunerModel, OversubscribedMappedSendsWaitForTheirReader) {
 TEST(TunerModel, OversubscribedReduceChainChunksAmortiseHandOffs) {
   const int p = 8;
   const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20;
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
+  CommCost c = oversubscribed_uniform(p, 2);
   c.hand_off_cross_us = 2.0;
   auto chunk = [&](Collective coll) {
     auto e = estimate(AlgoKind::kChain, coll, 1 << 20, p, c);
@@ -366,9 +370,7 @@ TEST(TunerModel, OversubscribedReduceChainChunksAmortiseHandOffs) {
 // binomial root (3).
 TEST(TunerModel, OversubscribedTiesGoToTheShallowerTree) {
   const int p = 8;
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
+  CommCost c = oversubscribed_uniform(p, 2);
   const double chain = est(AlgoKind::kChain, Collective::kBroadcast, 8, p, c);
   const double binomial = est(AlgoKind::kBinomial, Collective::kBroadcast, 8, p, c);
   EXPECT_NEAR(chain - binomial, 4e-3, 1e-9);
@@ -417,9 +419,7 @@ TEST(TunerModel, DirectBroadcastCountsTheReceiversCopy) {
 TEST(TunerModel, OversubscribedDirectBroadcastReadsCostMoreThanACopy) {
   const int p = 8;
   const size_t n = 4 << 20;
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
+  CommCost c = oversubscribed_uniform(p, 2);
   c.single_copy_plain_bytes = 256 << 10;  // the root's buffer is read in place
   c.single_copy_bytes = 0;                // the chain's forwarded messages: FIFO
   c.direct_efficiency = 0.8;              // the tuner's default
@@ -505,9 +505,7 @@ TopoGraph flat_host() {
 TEST(TunerModel, OversubscribedSameCoreMessagesCostLess) {
   const int p = 8;
   const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 64 << 10;
-  CommCost c = uniform(p);
-  c.oversubscribed = true;
-  c.cores = 2;
+  CommCost c = oversubscribed_uniform(p, 2);
   c.hand_off_us = c.hand_off_cross_us = 0;  // the bytes alone
   const double pc = 4;                       // ranks per core
   for (double f : {1.0, 0.5}) {
