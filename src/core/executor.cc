@@ -193,8 +193,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           auto span = a.conn->recv_peek(remaining);
           if (span.empty()) break;
           if (s.kind == StepKind::kRecv) mem_->copy(a.dst + a.done, span.data(), span.size());
-          else if (s.incoming_first) mem_->reduce(a.dst + a.done, span.data(), a.src + a.done, span.size() / es, dt, op);
-          else mem_->reduce(a.dst + a.done, a.src + a.done, span.data(), span.size() / es, dt, op);
+          else reduce_received(s, a.dst + a.done, a.src + a.done, span.data(), span.size() / es, dt, op);
           a.conn->recv_consume(span.size(), remaining);
           a.done += span.size();
           moved = true;
@@ -318,8 +317,7 @@ Status Executor::recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op)
       LOOM_RETURN_IF_ERROR(fp_->check(p, a.step->count, span.data()));
       const std::byte* data = span.data() + diag::kFingerprintBytes;
       if (a.step->kind == StepKind::kRecv) mem_->copy(a.dst, data, a.total);
-      else if (a.step->incoming_first) mem_->reduce(a.dst, data, a.src, a.total / dtype_size(dt), dt, op);
-      else mem_->reduce(a.dst, a.src, data, a.total / dtype_size(dt), dt, op);
+      else reduce_received(*a.step, a.dst, a.src, data, a.total / dtype_size(dt), dt, op);
       a.conn->recv_consume(len, len);
       a.hdr_left = 0;
       a.done = a.total;

@@ -71,6 +71,13 @@ class Executor {
   void arm_fingerprint(Active& a);
   void send_fingerprint(Active& a, bool& moved);
   Status recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op);
+  // A receive-reduce's arithmetic: dst = local OP incoming, or incoming OP
+  // local when the step puts the peer's partial first (Step::incoming_first).
+  void reduce_received(const Step& s, std::byte* dst, const std::byte* local, const std::byte* incoming, size_t count,
+                       DataType dt, RedOp op) {
+    if (s.incoming_first) mem_->reduce(dst, incoming, local, count, dt, op);
+    else mem_->reduce(dst, local, incoming, count, dt, op);
+  }
   void publish_progress();
 
   int rank_, nranks_;
