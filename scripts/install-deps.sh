@@ -15,6 +15,8 @@ PKGS=(
   # mpicc.mpich / mpirun.mpich by name.
   mpich libmpich-dev libgloo-dev
   iproute2 procps psmisc
+  # gdb: a test that times out reports its ranks' stacks (tests/common).
+  gdb
   iperf3 libgloo-dev
   gnuplot-nox
 )

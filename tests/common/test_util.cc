@@ -244,6 +244,55 @@ std::vector<Case> correctness_matrix(int nranks, bool include_big) {
 
 namespace loom::testing {
 
+std::string where_stuck(pid_t pid) {
+  // Every thread's name, state and kernel wait channel, then (where gdb is
+  // installed) the user-space stacks. A ptrace-denied gdb prints nothing.
+  std::string s;
+  const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(task_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string t = task_dir + "/" + e->d_name;
+      auto first_line = [](const std::string& path) {
+        std::string line;
+        if (FILE* f = std::fopen(path.c_str(), "r")) {
+          char buf[256];
+          if (std::fgets(buf, sizeof buf, f)) line = buf;
+          std::fclose(f);
+        }
+        while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+        return line;
+      };
+      std::string stat = first_line(t + "/stat");
+      size_t rp = stat.rfind(')');
+      char state = rp != std::string::npos && rp + 2 < stat.size() ? stat[rp + 2] : '?';
+      s += fmt::format("  thread {} '{}' state {} wchan {}\n", e->d_name, first_line(t + "/comm"), state,
+                       first_line(t + "/wchan"));
+    }
+    closedir(d);
+  }
+  if (std::system("command -v gdb >/dev/null 2>&1") == 0) {
+    std::string bt = run_command(fmt::format(
+        "timeout 30 gdb -p {} -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 20' 2>/dev/null "
+        "| grep -E '^(Thread|#)'", pid));
+    // One short line a frame (template arguments make some thousands long).
+    std::string lines;
+    for (size_t pos = 0; pos < bt.size();) {
+      size_t end = bt.find('\n', pos);
+      if (end == std::string::npos) end = bt.size();
+      std::string line = bt.substr(pos, end - pos);
+      if (line.size() > 160) line = line.substr(0, 157) + "...";
+      lines += "  " + line + "\n";
+      pos = end + 1;
+    }
+    if (lines.size() > 12000) lines = lines.substr(0, 12000) + "  [... stacks cut at 12000 bytes]\n";
+    s += lines;
+  } else {
+    s += "  (install gdb for the threads' stacks)\n";
+  }
+  return s;
+}
+
 std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>& body, int timeout_s) {
   std::vector<pid_t> pids(n);
   std::vector<int> fds(n);
@@ -283,12 +332,15 @@ std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
+      // Say where each child that is still running is stuck before killing
+      // it: a CI log then shows the hang, not only that there was one.
+      for (int r = 0; r < n; ++r)
+        if (fds[r] >= 0) out[r].output += "[test harness: killed after timeout]\n" + where_stuck(pids[r]);
       for (int r = 0; r < n; ++r) kill(pids[r], SIGKILL);
       for (int r = 0; r < n; ++r)
         if (fds[r] >= 0) {
           close(fds[r]);
           fds[r] = -1;
-          out[r].output += "[test harness: killed after timeout]";
         }
       break;
     }

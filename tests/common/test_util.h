@@ -3,6 +3,8 @@
 // runner used by the thread, process and netns matrices.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -68,8 +70,13 @@ struct ChildResult {
   int status = 0;
   std::string output;  // what the child wrote to its result pipe
 };
+// A child still running at timeout_s is killed; its output then ends with
+// "[test harness: killed after timeout]" and where_stuck()'s report.
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
                                        int timeout_s = 600);
+// Where a running process is stuck: each thread's name, state and kernel
+// wait channel, then every thread's stack when gdb is installed.
+std::string where_stuck(pid_t pid);
 
 // get_unique_id(), with the rendezvous root in a helper process instead of a
 // thread of this one. run_processes forks ranks; a fork while another thread

@@ -7,12 +7,38 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "common/test_util.h"
 
+// A frame the harness's report must name (not inlined, not static).
+extern "C" __attribute__((noinline)) void loom_test_stuck_in_here() {
+  for (;;) pause();
+}
+
 namespace loom {
 namespace {
+
+// Regression (CI stop 26): a multi-host test hung for the harness's whole
+// timeout and the log said only "killed after timeout" for both ranks. The
+// harness now reports each stuck child's threads, and their stacks with gdb.
+TEST(Harness, TimeoutSaysWhereTheChildIsStuck) {
+  auto res = testing::run_processes(1, [](int, int) {
+    loom_test_stuck_in_here();
+    return 0;
+  }, 1);
+  ASSERT_EQ(res.size(), 1u);
+  EXPECT_TRUE(WIFSIGNALED(res[0].status) && WTERMSIG(res[0].status) == SIGKILL);
+  const std::string& out = res[0].output;
+  EXPECT_NE(out.find("[test harness: killed after timeout]"), std::string::npos) << out;
+  EXPECT_NE(out.find("state S"), std::string::npos) << out;  // asleep in pause()
+  if (std::system("command -v gdb >/dev/null 2>&1") == 0)
+    EXPECT_NE(out.find("loom_test_stuck_in_here"), std::string::npos) << out;
+  else
+    std::printf("gdb not installed: the stack part of the report is not checked\n");
+}
 
 TEST(Kill, SurvivorsNameTheDeadRank) {
   const int n = 4, victim = 2;

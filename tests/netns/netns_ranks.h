@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -31,13 +32,18 @@ inline std::vector<ChildResult> run_on_hosts(const NetnsLab& lab, const std::vec
                                              const std::function<int(Comm&, int rank, int fd)>& body,
                                              int timeout_s = 120) {
   const int n = static_cast<int>(hosts.size());
+  // Loom's own deadline (unless the config or LOOM_TIMEOUT sets one) comes
+  // well before the harness's kill, so a hang ends as Loom's diagnosis in the
+  // output rather than only as a kill.
+  Config with_deadline = cfg;
+  if (with_deadline.timeout_s <= 0 && !std::getenv("LOOM_TIMEOUT")) with_deadline.timeout_s = std::max(5, timeout_s / 3);
   return run_processes(n, [&](int r, int fd) {
     if (!lab.enter(hosts[r])) return write_result(fd, "cannot join namespace " + lab.host(hosts[r]), 90);
     setenv("LOOM_HOST_ID", lab.host(hosts[r]).c_str(), 1);
     setenv("LOOM_RANK", std::to_string(r).c_str(), 1);
     setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
     setenv("LOOM_ROOT_ADDR", (NetnsLab::addr(hosts[0]) + ":" + std::to_string(kLabRootPort)).c_str(), 1);
-    auto comm = Comm::init_from_env(cfg);
+    auto comm = Comm::init_from_env(with_deadline);
     if (!comm.is_ok()) return write_result(fd, comm.status().to_string(), 91);
     return body(**comm, r, fd);
   }, timeout_s);
