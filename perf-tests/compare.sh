@@ -18,7 +18,7 @@
 # model (each rank reduces half, then copies the peer's half). From 64 KiB
 # every table also shows the copy bound: the busbw at which the cores would do
 # nothing but the copies and reductions the collective cannot avoid, at the
-# memcpy, reduce and cross-process copy rates mem_bench measured in the same
+# memcpy, reduce, cross-process and cross-core copy rates mem_bench measured in the same
 # run, cycling through as much memory as the collective touches per call
 # (mem_bench --footprints); and whether the perf issue's target ratio lies
 # above it.
@@ -241,7 +241,9 @@ mem_fp = {}   # (size, footprint per core) -> rates cycling through that much me
 try:
     for r in csv.DictReader(open(memf)):
         x = float(r["xcopy_gbps"]) if r.get("xcopy_gbps") not in (None, "", "nan") else 0.0
-        rates = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]), x)
+        # Cross-core copy (mem_bench's c2c); 0 in files from before the column.
+        cc = float(r["c2c_gbps"]) if r.get("c2c_gbps") not in (None, "", "nan") else 0.0
+        rates = (float(r["memcpy_gbps"]), float(r["reduce_gbps"]), float(r["model_busbw_gbps"]), x, cc)
         fp = float(r.get("footprint") or 0)  # files from before the column: one set
         if fp == 0: mem[int(r["size"])] = rates
         else: mem_fp[(int(r["size"]), fp)] = rates
@@ -265,15 +267,17 @@ def copy_bound(c, n, s):
     rates mem_bench measured for this size (on s/2 bytes) while cycling
     through the collective's footprint (rates_for), spread over
     min(n, cores) cores. A byte bound for another rank's private buffer
-    crosses once (process_vm_readv, rate X) or twice through shared memory
-    (2 memcpys, M); a byte to be reduced crosses once into memory the reducer
+    crosses once (process_vm_readv, rate X) or twice through shared memory:
+    a memcpy in (M) and a copy out of lines another core wrote (C, mem_bench's
+    c2c; two memcpys, M/2, in files without it); a byte to be reduced crosses once into memory the reducer
     reads (X, or the sender's memcpy into shared memory, M) and is then
     reduced; a k-input reduction is priced (k+1)/3 two-input passes (it must
     read k inputs and write 1, a two-input pass reads 2 and writes 1)."""
     m = rates_for(c, n, s)
     if not m or m[3] <= 0: return None
-    M, R, X = m[0], m[1], m[3]
-    xs, xr = max(X, M / 2), max(X, M)   # per stored / per reduced crossing byte
+    M, R, X, C = m[0], m[1], m[3], m[4]
+    through_shm = 1 / (1 / M + 1 / C) if C > 0 else M / 2
+    xs, xr = max(X, through_shm), max(X, M)   # per stored / per reduced crossing byte
     p = n
     if c == "all_gather":   # own block copied locally, p-1 blocks cross
         w, f = (p - 1) * s / xs + s / M, (p - 1) / p
@@ -344,24 +348,29 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     print()
 if mem:
     print("### memory reference (one core)\n")
-    print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s | cross-process copy GB/s (both cores) |")
-    print("|---|---|---|---|---|")
+    print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s | cross-process copy GB/s (both cores) | cross-core copy GB/s (both cores) |")
+    print("|---|---|---|---|---|---|")
     for s in sorted(mem):
         x = f"{mem[s][3]:.2f}" if mem[s][3] > 0 else "-"
-        print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} | {x} |")
+        cc = f"{mem[s][4]:.2f}" if mem[s][4] > 0 else "-"
+        print(f"| {human(s)} | {mem[s][0]:.2f} | {mem[s][1]:.2f} | {mem[s][2]:.2f} | {x} | {cc} |")
     print("\nRates of a row of size S are measured on S/2 bytes (what each rank of a 2-rank collective moves).")
     print("copy bound: the busbw at which min(ranks, cores) cores would do only the copies and reductions the")
     print("collective cannot avoid, at these rates measured again while cycling through the memory the collective")
     print("touches per call and core (every rank's send and receive buffers: allreduce 2n x size, reduce_scatter")
     print("and all_gather n+1, broadcast n, over min(n, cores) cores), with every core copying at once.")
+    print("A byte for another rank's private buffer crosses by process_vm_readv or through shared memory: a")
+    print("memcpy in, then a copy out of lines the other core wrote (the cross-core copy, slower than a memcpy")
+    print("within one core's cache).")
     print("target/bound > 1: the issue's target lies above that bound.")
     if mem_fp:
         print("\n### memory reference at the collectives' footprints\n")
-        print("| size | footprint per core (x size) | memcpy GB/s (per core, all at once) | reduce2 GB/s (same) | cross-process copy GB/s |")
-        print("|---|---|---|---|---|")
+        print("| size | footprint per core (x size) | memcpy GB/s (per core, all at once) | reduce2 GB/s (same) | cross-process copy GB/s | cross-core copy GB/s |")
+        print("|---|---|---|---|---|---|")
         for (sz, fp) in sorted(mem_fp):
             r = mem_fp[(sz, fp)]
-            print(f"| {human(sz)} | {fp:g} | {r[0]:.2f} | {r[1]:.2f} | {r[3]:.2f} |")
+            cc = f"{r[4]:.2f}" if r[4] > 0 else "-"
+            print(f"| {human(sz)} | {fp:g} | {r[0]:.2f} | {r[1]:.2f} | {r[3]:.2f} | {cc} |")
 # Plot data: 2-rank allreduce busbw per library and the model.
 with open(f"{out}/allreduce_2.dat", "w") as f:
     f.write("# size " + " ".join(impls) + " model copy_bound\n")

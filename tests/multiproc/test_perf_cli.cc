@@ -252,14 +252,18 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   ASSERT_EQ(r.rc, 0) << r.out;
   auto ls = lines(r.out);
   ASSERT_EQ(ls.size(), 5u) << r.out;
-  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint");
+  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint,c2c_gbps");
   const char* want_fp[] = {"", "0", "0", "4", "4"};
   for (size_t i = 1; i < ls.size(); ++i) {
     auto f = fields(ls[i], ',');
-    ASSERT_EQ(f.size(), 6u) << ls[i];
+    ASSERT_EQ(f.size(), 7u) << ls[i];
     EXPECT_GT(std::stod(f[1]), 0.1) << ls[i];
     EXPECT_GT(std::stod(f[2]), 0.1) << ls[i];
     EXPECT_EQ(f[5], want_fp[i]) << ls[i];
+    // The cross-core copy (shared memory, no permission needed): a copy that
+    // was not done or not timed would print inf, 0 or nan.
+    const double cc = std::stod(f[6]);
+    EXPECT_TRUE(std::isfinite(cc) && cc > 0.05 && cc < 1000) << ls[i];
     if (f[4] == "nan") GTEST_SKIP() << "process_vm_readv is not permitted here (Yama/seccomp): " << ls[i];
     const double x = std::stod(f[4]);
     EXPECT_TRUE(std::isfinite(x) && x > 0.05 && x < 1000) << ls[i];
@@ -318,6 +322,31 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   snprintf(want, sizeof want, "%.2f", 0.75 * static_cast<double>(std::min(4L, cores)) / (3.0 / 20 + 1.0 / 40));
   EXPECT_EQ(ag4[4], want);
   EXPECT_EQ(ag4[6], "2x = 3.00");
+}
+
+// With mem_bench's cross-core column (c2c_gbps, C) a byte that crosses
+// through shared memory costs a memcpy in and a cross-core copy out,
+// 1 / (1/M + 1/C), not two memcpys (M / 2). Rates by hand at 4 MiB: M = 10,
+// R = 5, X = 2, C = 5 -> 3.33 per crossing byte; with c = min(2, cores):
+//   all_gather, 2 ranks: 0.5 c / (1/3.33 + 1/10) = 1.25 c (1.67 c from M / 2);
+//   broadcast, 2 ranks (in place): c / (1/3.33) = 3.33 c (5 c from M / 2).
+TEST_F(PerfCli, CompareBoundCountsTheCrossCoreCopy) {
+  const double c = static_cast<double>(std::min(2L, sysconf(_SC_NPROCESSORS_ONLN)));
+  Outcome r = summarize("loom,all_gather,2,4194304,1000,2.0,0\nompi,all_gather,2,4194304,1300,1.0,0\n"
+                        "loom,broadcast,2,4194304,1000,4.0,0\nompi,broadcast,2,4194304,1300,3.0,0\n",
+                        "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint,c2c_gbps\n"
+                        "4194304,10,5,6.67,2,0,5\n");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  char want[32];
+  auto ag = summary_row(r.out, "all_gather, 2 ranks", "4 MiB");
+  ASSERT_EQ(ag.size(), 8u) << r.out;
+  snprintf(want, sizeof want, "%.2f", 1.25 * c);
+  EXPECT_EQ(ag[4], want) << r.out;
+  auto bc = summary_row(r.out, "broadcast, 2 ranks", "4 MiB");
+  ASSERT_EQ(bc.size(), 8u) << r.out;
+  snprintf(want, sizeof want, "%.2f", c / 0.3);
+  EXPECT_EQ(bc[4], want) << r.out;
+  EXPECT_NE(r.out.find("| 4 MiB | 10.00 | 5.00 | 6.67 | 2.00 | 5.00 |"), std::string::npos) << r.out;
 }
 
 // cma_probe: one row per size, source state and method, each a positive
