@@ -286,7 +286,7 @@ std::string where_stuck(pid_t pid) {
       pos = end + 1;
     }
     if (lines.size() > 12000) lines = lines.substr(0, 12000) + "  [... stacks cut at 12000 bytes]\n";
-    s += lines;
+    s += lines.empty() ? "  (gdb printed no stack: attaching not permitted here?)\n" : lines;
   } else {
     s += "  (install gdb for the threads' stacks)\n";
   }
