@@ -293,7 +293,8 @@ std::string where_stuck(pid_t pid) {
   return s;
 }
 
-std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>& body, int timeout_s) {
+std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>& body, int timeout_s,
+                                       const std::function<void()>& after_fork) {
   std::vector<pid_t> pids(n);
   std::vector<int> fds(n);
   for (int r = 0; r < n; ++r) {
@@ -310,6 +311,7 @@ std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>
     pids[r] = pid;
     fds[r] = p[0];
   }
+  if (after_fork) after_fork();
   std::vector<ChildResult> out(n);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int open = n;

@@ -72,8 +72,15 @@ struct ChildResult {
 };
 // A child still running at timeout_s is killed; its output then ends with
 // "[test harness: killed after timeout]" and where_stuck()'s report.
+// after_fork runs in the parent once every child is forked: start a test's
+// helper threads there, never before. A fork while another thread of the
+// parent holds a lock leaves that lock held forever in the child (ASan's
+// allocator keeps a lock per size class and has no fork handler: a child's
+// rendezvous root thread blocked in its first allocation of a size class,
+// and every rank timed out at the rendezvous, netns_doctor and netns_faults
+// under ASan, whose link cutter thread was running when the ranks forked).
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
-                                       int timeout_s = 600);
+                                       int timeout_s = 600, const std::function<void()>& after_fork = {});
 // Where a running process is stuck: each thread's name, state and kernel
 // wait channel, then every thread's stack when gdb is installed.
 std::string where_stuck(pid_t pid);

@@ -21,6 +21,30 @@ extern "C" __attribute__((noinline)) void loom_test_stuck_in_here() {
 namespace loom {
 namespace {
 
+// run_processes' after_fork runs once, in the parent: here the children wait
+// for its bytes on a pipe (without the call they would hang until the
+// timeout). Tests start their helper threads there, not before the
+// fork (netns_doctor / netns_faults under ASan: a thread running at the fork
+// left an allocator lock held in a rank).
+TEST(Harness, AfterForkRunsOnceWhileTheChildrenLive) {
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  int calls = 0;
+  auto res = testing::run_processes(3, [&](int, int) {
+    close(go[1]);
+    char c = 0;
+    return read(go[0], &c, 1) == 1 && c == 'g' ? 0 : 3;
+  }, 20, [&] {
+    ++calls;
+    const char token[3] = {'g', 'g', 'g'};
+    EXPECT_EQ(write(go[1], token, 3), 3);
+  });
+  close(go[0]);
+  close(go[1]);
+  EXPECT_EQ(calls, 1);
+  for (const auto& r : res) EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+}
+
 // Regression (CI stop 26): a multi-host test hung for the harness's whole
 // timeout and the log said only "killed after timeout" for both ranks. The
 // harness now reports each stuck child's threads, and their stacks with gdb.

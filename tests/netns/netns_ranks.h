@@ -25,12 +25,13 @@ inline int write_result(int fd, const std::string& m, int rc) {
   return rc;
 }
 
-// Runs body(comm, rank) in rank processes placed on hosts[rank]. Child exit
+// Runs body(comm, rank) in rank processes placed on hosts[rank] (after_fork:
+// see run_processes; a test's threads start there). Child exit
 // codes: body's, or 90 (could not join the namespace) / 91 (init failed; the
 // error is in the output).
 inline std::vector<ChildResult> run_on_hosts(const NetnsLab& lab, const std::vector<int>& hosts, const Config& cfg,
                                              const std::function<int(Comm&, int rank, int fd)>& body,
-                                             int timeout_s = 120) {
+                                             int timeout_s = 120, const std::function<void()>& after_fork = {}) {
   const int n = static_cast<int>(hosts.size());
   // Loom's own deadline (unless the config or LOOM_TIMEOUT sets one) comes
   // well before the harness's kill, so a hang ends as Loom's diagnosis in the
@@ -46,7 +47,7 @@ inline std::vector<ChildResult> run_on_hosts(const NetnsLab& lab, const std::vec
     auto comm = Comm::init_from_env(with_deadline);
     if (!comm.is_ok()) return write_result(fd, comm.status().to_string(), 91);
     return body(**comm, r, fd);
-  }, timeout_s);
+  }, timeout_s, after_fork);
 }
 
 // TCP sockets held by this process.

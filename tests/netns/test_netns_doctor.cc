@@ -59,7 +59,8 @@ TEST(NetnsDoctor, LinkCutBetweenHostsIsLinkDown) {
     setenv("LOOM_DUMP_DIR", dir.c_str(), 1);
     std::atomic<bool> cut{false};
     Clock::time_point t_cut{};
-    std::thread cutter([&] {
+    std::thread cutter;
+    auto cut_when_busy = [&] {
       // Once every rank has done 20 allreduces (or after 30 s: then the test fails).
       for (int i = 0; i < 300; ++i) {
         bool all = true;
@@ -69,10 +70,12 @@ TEST(NetnsDoctor, LinkCutBetweenHostsIsLinkDown) {
       }
       t_cut = Clock::now();
       cut = lab.set_link(1, false);  // host 1 off the bridge: h0 <-> h1 is cut
-    });
-    auto res = testing::run_on_hosts(lab, {0, 0, 1, 1}, Config{},
-                                     [&](Comm& c, int r, int fd) { return allreduce_until_error(c, r, fd, dir); }, 90);
-    cutter.join();
+    };
+    // The cutter thread starts once the ranks are forked (run_processes).
+    auto res = testing::run_on_hosts(
+        lab, {0, 0, 1, 1}, Config{}, [&](Comm& c, int r, int fd) { return allreduce_until_error(c, r, fd, dir); }, 90,
+        [&] { cutter = std::thread(cut_when_busy); });
+    if (cutter.joinable()) cutter.join();
     unsetenv("LOOM_TIMEOUT");
     unsetenv("LOOM_DUMP_DIR");
     ASSERT_TRUE(cut.load()) << "could not take the link down";

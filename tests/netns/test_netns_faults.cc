@@ -55,13 +55,14 @@ TEST(NetnsFaults, LinkDownMidAllreduce) {
     // Cut host 1 off the bridge once the ranks are busy: every rank has
     // finished an allreduce (a marker file each), then 0.5 s more, so the cut
     // lands in the allreduces however long start-up takes (a fixed 1.5 s
-    // after the start assumed a quick one). Open: under the ASan suite with
-    // the cores loaded, init itself sometimes fails before any cut (ranks 0
-    // and 1 time out waiting at the rendezvous root, rank 2's connection is
-    // reset when rank 0 exits; the root logs nothing); the cutter then gives
-    // up after 60 s and the test fails on the init errors.
+    // after the start assumed a quick one). The cutter thread starts only
+    // once the ranks are forked: started before, it could hold one of ASan's
+    // allocator locks at a fork, and the rank's rendezvous root thread then
+    // blocked on it forever (ranks 0 and 1 timed out at the rendezvous, the
+    // root logged nothing; seen in runs 15, 16, 18 under ASan).
     const std::string marker = "/tmp/" + prefix + "busy-";
-    std::thread cutter([&] {
+    std::thread cutter;
+    auto cut_when_busy = [&] {
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       auto all_busy = [&] {
         for (int r = 0; r < 3; ++r)
@@ -72,11 +73,12 @@ TEST(NetnsFaults, LinkDownMidAllreduce) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       cut = lab.set_link(1, false);
-    });
+    };
     const auto t0 = std::chrono::steady_clock::now();
     auto res = testing::run_on_hosts(
-        lab, {0, 1, 2}, cfg, [&](Comm& c, int r, int fd) { return allreduce_until_error(c, r, fd, -1, marker); }, 90);
-    cutter.join();
+        lab, {0, 1, 2}, cfg, [&](Comm& c, int r, int fd) { return allreduce_until_error(c, r, fd, -1, marker); }, 90,
+        [&] { cutter = std::thread(cut_when_busy); });
+    if (cutter.joinable()) cutter.join();
     for (int r = 0; r < 3; ++r) std::filesystem::remove(marker + std::to_string(r));
     const double secs = Secs(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(cut.load()) << "could not take the link down";
