@@ -22,8 +22,11 @@ enum class OpState : int { kEnqueued = 0, kStarted = 1, kCompleted = 2, kFailed 
 const char* op_state_name(OpState s);
 
 // Nanoseconds on a clock shared by all processes of a host and close to wall
-// time (CLOCK_REALTIME): dumps of different ranks are compared by it.
+// time (CLOCK_REALTIME): dumps of different ranks are compared by it. On x86
+// with an invariant TSC it is extrapolated from the TSC between anchors read
+// from CLOCK_REALTIME every ~50 ms (recorder.cc); clock_now_ns reads the clock.
 int64_t now_ns();
+int64_t clock_now_ns();
 
 class FlightRecorder {
  public:
