@@ -295,6 +295,34 @@ std::string where_stuck(pid_t pid) {
 
 std::vector<ChildResult> run_processes(int n, const std::function<int(int, int)>& body, int timeout_s,
                                        const std::function<void()>& after_fork) {
+  {
+    // A child forked while another thread runs can inherit a lock held
+    // forever (see the header): refuse, and say where the thread belongs.
+    auto count_threads = [] {
+      int k = 0;
+      if (DIR* d = opendir("/proc/self/task")) {
+        while (dirent* e = readdir(d)) k += e->d_name[0] != '.';
+        closedir(d);
+      }
+      return k;
+    };
+    // A thread joined a moment ago stays listed until the kernel reaps it
+    // (after join returns): give it 100 ms to go.
+    int threads = count_threads();
+    for (int i = 0; i < 100 && threads > 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      threads = count_threads();
+    }
+    if (threads > 1) {
+      std::vector<ChildResult> refused(static_cast<size_t>(n));
+      for (auto& c : refused) {
+        c.status = kRefusedToFork << 8;  // as a child that exited with kRefusedToFork
+        c.output = fmt::format("run_processes: not forked, this process has {} threads; start helper threads in "
+                               "after_fork (a child can inherit a lock another thread holds)", threads);
+      }
+      return refused;
+    }
+  }
   std::vector<pid_t> pids(n);
   std::vector<int> fds(n);
   for (int r = 0; r < n; ++r) {

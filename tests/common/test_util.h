@@ -79,6 +79,9 @@ struct ChildResult {
 // rendezvous root thread blocked in its first allocation of a size class,
 // and every rank timed out at the rendezvous, netns_doctor and netns_faults
 // under ASan, whose link cutter thread was running when the ranks forked).
+// A process with more than one thread is not forked at all: every result
+// then reads as an exit with kRefusedToFork and says why.
+constexpr int kRefusedToFork = 99;
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
                                        int timeout_s = 600, const std::function<void()>& after_fork = {});
 // Where a running process is stuck: each thread's name, state and kernel

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,26 @@ TEST(Harness, AfterForkRunsOnceWhileTheChildrenLive) {
   close(go[1]);
   EXPECT_EQ(calls, 1);
   for (const auto& r : res) EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+}
+
+// ... and a test that starts a thread before the fork is refused, with the
+// reason in every child's output, instead of hanging now and then.
+TEST(Harness, RefusesToForkWhileAThreadRuns) {
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  auto res = testing::run_processes(2, [](int, int) { return 0; }, 20);
+  stop = true;
+  t.join();
+  ASSERT_EQ(res.size(), 2u);
+  for (const auto& r : res) {
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == testing::kRefusedToFork) << r.output;
+    EXPECT_NE(r.output.find("start helper threads in after_fork"), std::string::npos) << r.output;
+  }
+  // Without the thread the same call forks.
+  auto ok = testing::run_processes(2, [](int, int) { return 0; }, 20);
+  for (const auto& r : ok) EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
 }
 
 // Regression (CI stop 26): a multi-host test hung for the harness's whole
