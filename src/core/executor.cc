@@ -324,6 +324,9 @@ Status Executor::recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op)
       moved = true;
       return Status::ok();
     }
+    // Nothing yet (the usual poll while the peer is on its way): peeking
+    // again below would find nothing either.
+    if (span.empty()) return Status::ok();
   }
   while (a.hdr_left) {
     // A coalesced message holds the header and then the data: the header
