@@ -26,6 +26,17 @@ class Connection {
   // Pushes up to msg_remaining bytes of the current outgoing message; returns
   // how many were accepted (0 when the channel is full). Never blocks.
   virtual size_t send_some(const std::byte* src, size_t msg_remaining) = 0;
+  // Starts and ends a message of head_len + body_len bytes made of two
+  // pieces (the executor's fingerprint header and a small payload), whole or
+  // not at all: returns head_len + body_len, or 0 when the channel cannot
+  // take it whole now (try again). kNoGather: this transport does not do it
+  // for such a message (then: copy the pieces into one buffer, send_some).
+  // Saves the sender that copy. Called only between messages.
+  static constexpr size_t kNoGather = SIZE_MAX;
+  virtual size_t send_gather(const std::byte* /*head*/, size_t /*head_len*/, const std::byte* /*body*/,
+                             size_t /*body_len*/) {
+    return kNoGather;
+  }
   // Contiguous received bytes of the current incoming message (at most
   // msg_remaining); empty when nothing has arrived. Never blocks.
   virtual std::span<const std::byte> recv_peek(size_t msg_remaining) = 0;

@@ -408,6 +408,70 @@ TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
   }
 }
 
+// The first small message of an op to a peer carries the op's fingerprint
+// header; the two pieces go out as one message straight from the header and
+// the user's buffer (Connection::send_gather), in a slot or in the FIFO,
+// instead of being copied into a stage first. A message that would wrap
+// the small FIFO falls back to the stage and send_some. The receiver cannot
+// tell which way a message came: results, and a mismatch still named.
+TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
+  setenv("LOOM_TIMEOUT", "30", 1);
+  setenv("LOOM_SHM_FIFO_BYTES", "16K", 1);  // 4 KiB messages wrap it every few ops
+  auto comms = Comm::init_all(2);
+  unsetenv("LOOM_SHM_FIFO_BYTES");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<testing::Case> cases;
+  // 8 and 64 B with the header fit a slot; 1 and 4 KiB go through the FIFO.
+  for (size_t count : {size_t{2}, size_t{16}, size_t{256}, size_t{1000}, size_t{1024}})
+    for (bool in_place : {false, true}) {
+      testing::Case cs;
+      cs.count = count;
+      cs.in_place = in_place;
+      cs.dt = count == 1000 ? DataType::kInt32 : DataType::kFloat32;
+      cases.push_back(cs);
+      cs.coll = Collective::kBroadcast;
+      cs.root = static_cast<int>(count % 2);
+      cases.push_back(cs);
+    }
+  const size_t distinct = cases.size();
+  for (int rep = 0; rep < 6; ++rep)
+    for (size_t i = 0; i < distinct; ++i) cases.push_back(cases[i]);
+  const uint64_t before = ShmTransport::gathered_messages();
+  run_all(*comms, cases);
+  const uint64_t gathered = ShmTransport::gathered_messages() - before;
+  // Each case sends at least one fingerprinted small message per rank (two
+  // ranks); the counter is approximate with ranks as threads.
+  EXPECT_GE(gathered, static_cast<uint64_t>(cases.size())) << "small fingerprinted messages were staged";
+
+  // A mismatch travels in a gathered header like any other.
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<float> buf(2, 1.0f);
+      auto w = (*comms)[r]->allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32,
+                                      r == 0 ? RedOp::kSum : RedOp::kMax);
+      Status st = w.is_ok() ? w->wait() : w.status();
+      err[r] = st.to_string();
+    });
+  for (auto& t : ts) t.join();
+  unsetenv("LOOM_TIMEOUT");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(err[r].find("mismatched operations"), std::string::npos) << "rank " << r << ": " << err[r];
+    EXPECT_NE(err[r].find(r == 0 ? "allreduce(max, 2 x fp32)" : "allreduce(sum, 2 x fp32)"), std::string::npos)
+        << "rank " << r << ": " << err[r];
+  }
+
+  // Without fingerprints nothing is gathered: there is no header to join.
+  setenv("LOOM_FINGERPRINT", "0", 1);
+  auto plain = Comm::init_all(2);
+  unsetenv("LOOM_FINGERPRINT");
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  const uint64_t before_plain = ShmTransport::gathered_messages();
+  run_all(*plain, std::vector<testing::Case>(cases.begin(), cases.begin() + static_cast<ptrdiff_t>(distinct)));
+  EXPECT_EQ(ShmTransport::gathered_messages() - before_plain, 0u);
+}
+
 // The FIFOs are mapped in at setup. Regression: they were faulted in page by
 // page while they filled for the first time (one fault in the sender's
 // mapping, one in the receiver's), which made the first ~100 operations of

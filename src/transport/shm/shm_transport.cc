@@ -118,9 +118,11 @@ std::atomic<uint64_t> g_shared_copy_bytes{0};  // written by senders, this proce
 std::atomic<uint64_t> g_wait_timeouts{0};      // waits that ended by timeout, this process
 std::atomic<uint64_t> g_missed_wakeups{0};     // ... with the doorbell rung meanwhile
 // Test counters of this process: small messages sent through slots, FIFO
-// writes that published bytes, and messages received by single copy.
+// writes that published bytes, messages sent from two pieces (send_gather),
+// and messages received by single copy.
 std::atomic<uint64_t> g_slot_messages{0};
 std::atomic<uint64_t> g_fifo_writes{0};
+std::atomic<uint64_t> g_gathered_messages{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
 std::atomic<uint64_t> g_mapped_messages{0};
 // Bumps a test counter on the message path with a plain load + store, not an
@@ -408,6 +410,32 @@ class ShmConnection final : public Connection {
     return n;
   }
 
+  // A whole small message from two pieces, written where send_some would put
+  // it (a slot, or the FIFO when it fits before the wrap), so the receiver
+  // cannot tell the difference. Larger classes (single copy, headers) and a
+  // message that would wrap the FIFO go through send_some.
+  size_t send_gather(const std::byte* head, size_t head_len, const std::byte* body, size_t body_len) override {
+    const size_t total = head_len + body_len;
+    if (out_total_ != 0 || total >= single_copy_threshold(peer_, send_reduced_) || total >= peer_->hdr_min_bytes)
+      return kNoGather;
+    if (total <= peer_->slot_max_bytes) {
+      Slot* slot = free_slot();
+      if (!slot) return 0;
+      std::memcpy(slot->data, head, head_len);
+      std::memcpy(slot->data + head_len, body, body_len);
+      publish_slot(*slot);
+    } else {
+      const size_t pos = static_cast<size_t>(tail_ % cap_), adv = round8(total);
+      if (adv > cap_ - pos || adv > step_) return kNoGather;
+      if (fifo_free(adv) < adv) return 0;
+      std::memcpy(out_data_ + pos, head, head_len);
+      std::memcpy(out_data_ + pos + head_len, body, body_len);
+      publish_fifo(adv);
+    }
+    bump_test_counter(g_gathered_messages);
+    return total;
+  }
+
   std::span<const std::byte> recv_peek(size_t msg_remaining) override {
     begin_recv(msg_remaining);
     if (in_hdr_ && !resolve_header()) return {};
@@ -498,16 +526,32 @@ class ShmConnection final : public Connection {
     return free;
   }
 
-  size_t send_slot(const std::byte* src, size_t len) {
+  // The next slot to write, or nullptr while the receiver is kSlots messages behind.
+  Slot* free_slot() {
     if (slot_seq_ - slots_freed_seen_ >= kSlots) {
       slots_freed_seen_ = out_ctl_->slots_freed.load(std::memory_order_acquire);
-      if (slot_seq_ - slots_freed_seen_ >= kSlots) return 0;  // the receiver is kSlots messages behind
+      if (slot_seq_ - slots_freed_seen_ >= kSlots) return nullptr;
     }
-    Slot& slot = out_ctl_->slots[slot_seq_ % kSlots];
-    std::memcpy(slot.data, src, len);
+    return &out_ctl_->slots[slot_seq_ % kSlots];
+  }
+  void publish_slot(Slot& slot) {
     slot.stamp.store(++slot_seq_, std::memory_order_release);
     peer_->ring_if_armed();
     bump_test_counter(g_slot_messages);
+  }
+  // Makes `adv` bytes written at the tail visible to the receiver.
+  void publish_fifo(size_t adv) {
+    tail_ += adv;
+    out_ctl_->tail.store(tail_, std::memory_order_release);
+    peer_->ring_if_armed();
+    bump_test_counter(g_fifo_writes);
+  }
+
+  size_t send_slot(const std::byte* src, size_t len) {
+    Slot* slot = free_slot();
+    if (!slot) return 0;
+    std::memcpy(slot->data, src, len);
+    publish_slot(*slot);
     return len;
   }
 
@@ -525,10 +569,7 @@ class ShmConnection final : public Connection {
     }
     if (n == 0) return 0;
     std::memcpy(out_data_ + pos, src, n);
-    tail_ += adv;
-    out_ctl_->tail.store(tail_, std::memory_order_release);
-    peer_->ring_if_armed();
-    bump_test_counter(g_fifo_writes);
+    publish_fifo(adv);
     return n;
   }
 
@@ -1087,6 +1128,7 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
 uint64_t ShmTransport::fifo_writes() { return g_fifo_writes.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::gathered_messages() { return g_gathered_messages.load(std::memory_order_relaxed); }
 size_t ShmTransport::slot_ring_size() { return kSlots; }
 uint64_t ShmTransport::prefaulted_pages() { return g_prefaulted_pages.load(std::memory_order_relaxed); }
 uint64_t ShmTransport::single_copy_messages() { return g_single_copy_messages.load(std::memory_order_relaxed); }

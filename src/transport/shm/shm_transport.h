@@ -52,6 +52,9 @@ class ShmTransport final : public Transport {
   static uint64_t slot_messages();
   // FIFO writes that published bytes (each at most LOOM_SHM_FIFO_STEP_BYTES), for tests.
   static uint64_t fifo_writes();
+  // Messages this process sent from two pieces without staging them
+  // (Connection::send_gather: fingerprint header + small payload), for tests.
+  static uint64_t gathered_messages();
   // Small-message slots per pair and direction: a sender this many messages
   // ahead of its receiver waits (tests fill the ring).
   static size_t slot_ring_size();
