@@ -4,7 +4,7 @@
 # (LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNE: "... -> algo (source, predicted X us ...)")
 # and the automatic choice (a run without LOOM_ALGO), then prints predicted vs
 # measured time, the error, and whether the automatic choice is within 10% of
-# the best measured algorithm at every size. Writes CSV + PNG plots (gnuplot).
+# the best measured algorithm at every size. Writes CSV + PNG plots of busbw vs size (gnuplot).
 #
 # Usage: perf-tests/algo_sweep.sh [options]
 #   -B DIR     build directory (default: build)
@@ -154,7 +154,7 @@ for n in map(int, ranks):
             if mode == "report":
                 print(f"| {s} | " + " | ".join("-" for _ in algos) + " | - | - | - | - | 0 elements per rank, not judged |")
             continue
-        cells, best = [], None
+        cells, best, honoured = [], None, {}
         for a in algos:
             m, p = data[a]
             t = m.get(s)
@@ -162,6 +162,7 @@ for n in map(int, ranks):
             if t is None or (pr and pr[0] != a):
                 # Not run, or LOOM_ALGO could not be honoured (supports() said no).
                 cells.append("n/a"); continue
+            honoured[a] = t
             if best is None or t < best[1]: best = (a, t)
             if pr and pr[1] == "LOOM_ALGO" and pr[2] > 0:
                 cells.append(f"{t:.1f} ({pr[2]:.1f}, {100*(pr[2]-t)/t:+.0f}%)")
@@ -186,7 +187,9 @@ for n in map(int, ranks):
             ok = cratio <= 1.10
         bad += not ok
         print(f"| {s} | " + " | ".join(cells) + f" | {choice} | {best[0] if best else '-'} | {ratio:.2f} | {confirmed} | {'yes' if ok else 'NO'} |")
-        rows.append((s, {a: data[a][0].get(s) for a in algos}))
+        # The plot shows only what each algorithm ran itself: an n/a cell
+        # (another algorithm ran in its place) is a gap, not that one's time.
+        rows.append((s, {a: honoured.get(a) for a in algos}))
     if mode == "misses": continue
     summary.append((n, bad, len(sizes) - empty))
     # busbw-style data for gnuplot: size then one time column per algorithm.
@@ -242,15 +245,22 @@ if (( CONFIRM > 0 && ! ANALYZE_ONLY )); then
 fi
 analyze report
 
-# Plots: algorithm bandwidth (size / time) vs size, one PNG per rank count.
+# Plots: bus bandwidth vs size, one PNG per rank count. busbw is nccl-tests'
+# (size / time) x the collective's factor: 2(n-1)/n for allreduce, (n-1)/n
+# for reduce_scatter, all_gather and all_to_all, 1 for broadcast and reduce.
 if command -v gnuplot > /dev/null; then
   for n in "${rank_list[@]}"; do
     dat="$OUT/${COLL}_n$n.dat"
     [[ -s $dat ]] || continue
+    case $COLL in
+      allreduce) factor="2.0*($n-1)/$n" ;;
+      reduce_scatter | all_gather | all_to_all) factor="($n-1.0)/$n" ;;
+      *) factor="1.0" ;;
+    esac
     plot=""
     i=2
     for a in "${algo_list[@]}"; do
-      plot+="${plot:+, }'$dat' using 1:(\$1/\$$i/1e3) with linespoints title '$a'"
+      plot+="${plot:+, }'$dat' using 1:(\$1/\$$i/1e3*$factor) with linespoints title '$a'"
       i=$((i + 1))
     done
     gnuplot <<EOF
@@ -260,7 +270,7 @@ set logscale x 2
 set logscale y 10
 set format x '%.0b%B'
 set xlabel 'size (bytes)'
-set ylabel 'algbw (GB/s) = size / time'
+set ylabel 'busbw (GB/s) = size / time x $factor'
 set title '$COLL, $n ranks (LOOM_ALGO forced per line)'
 set key left top
 plot $plot
