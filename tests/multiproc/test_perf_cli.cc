@@ -273,6 +273,38 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   EXPECT_NE(bad.out.find("bad footprint list"), std::string::npos) << bad.out;
 }
 
+// algo_sweep.sh -N analyses runs already on disk. Here two forced
+// algorithms and the automatic run at 1 KiB and 16 MiB, written by hand: at
+// 16 MiB the forced direct run could not honour LOOM_ALGO (its log names
+// ring), so its table cell is n/a and its plot data a gap. Regression: the
+// plot data kept the fallback's time under "direct".
+TEST_F(PerfCli, AlgoSweepLeavesUnhonouredRunsOutOfThePlot) {
+  char dir[] = "/tmp/loom_sweep_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  auto write_run = [&](const std::string& algo, const std::string& small_as, const std::string& large_as, double t1,
+                       double t2) {
+    std::ofstream(d + "/allreduce_n2_" + algo + ".csv") << "size,oop_time_us\n1024," << t1 << "\n16777216," << t2 << "\n";
+    const std::string src = algo == "auto" ? "model" : "LOOM_ALGO";
+    std::ofstream(d + "/allreduce_n2_" + algo + ".log")
+        << "[0] loom INFO TUNE x rank 0: allreduce 1024 B -> " << small_as << " (" << src << ", predicted 2.0 us, chunk 1 B)\n"
+        << "[0] loom INFO TUNE x rank 0: allreduce 16777216 B -> " << large_as << " (" << src
+        << ", predicted 2000.0 us, chunk 1 B)\n";
+  };
+  write_run("ring", "ring", "ring", 3.0, 1500.0);
+  write_run("direct", "direct", "ring", 2.0, 1490.0);  // 16 MiB: direct not supported, ring ran
+  write_run("auto", "direct", "ring", 2.0, 1500.0);
+  Outcome r = run("bash " + source_dir() + "/perf-tests/algo_sweep.sh -B " + bin_dir() + "/.. -c allreduce -r 2 -a ring,direct -C 0 -N -o " + d);
+  std::ifstream dat(d + "/allreduce_n2.dat");
+  std::stringstream body;
+  body << dat.rdbuf();
+  if (system(("rm -rf " + d).c_str()) != 0) r.out += "\n(could not remove " + d + ")";
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("| 16777216 | 1500.0 (2000.0, +33%) | n/a | ring | ring | 1.00 | - | yes |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("automatic choice within 10% of the best at 2/2 sizes"), std::string::npos) << r.out;
+  EXPECT_EQ(body.str(), "# size ring direct\n1024 3.000 2.000\n16777216 1500.000 NaN\n") << r.out;
+}
+
 // compare.sh --summarize over a raw.csv and a mem.csv written here, in a
 // directory removed afterwards.
 Outcome summarize(const std::string& raw_rows, const std::string& mem_csv) {
