@@ -79,7 +79,7 @@ struct ChildResult {
 // rendezvous root thread blocked in its first allocation of a size class,
 // and every rank timed out at the rendezvous, netns_doctor and netns_faults
 // under ASan, whose link cutter thread was running when the ranks forked).
-// A process with more than one thread is not forked at all: every result
+// A process with more than one thread (two in TSan builds: TSan's own) is not forked at all: every result
 // then reads as an exit with kRefusedToFork and says why.
 constexpr int kRefusedToFork = 99;
 std::vector<ChildResult> run_processes(int n, const std::function<int(int rank, int result_fd)>& body,
