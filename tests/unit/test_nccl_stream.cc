@@ -46,9 +46,11 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 // writes the real ones: an op that ran at once would sum the stale values.
 // A copy enqueued after the op snapshots the result when the stream gets there.
 void ordered_allreduce(ncclRedOp_t op_for(World&, int), float scale) {
+  // Declared before the world: its destructor waits for the streams, whose
+  // queued copies use these buffers until then (also when an assertion fails).
+  std::vector<float> send[kN], staged[kN], recv[kN], after[kN];
   World w;
   const int n = 1000;
-  std::vector<float> send[kN], staged[kN], recv[kN], after[kN];
   for (int r = 0; r < kN; ++r) {
     send[r].assign(n, -1000.0f);
     staged[r].assign(n, static_cast<float>(r + 1));
@@ -99,9 +101,9 @@ TEST(NcclStream, PreMulSumScalesTheInputTheStreamWrote) {
 }
 
 TEST(NcclStream, GroupedCallsWaitForEveryStream) {
+  std::vector<int> send[kN], staged[kN], recv[kN];  // outlive the streams' copies (see above)
   World w;
   const int n = 64;
-  std::vector<int> send[kN], staged[kN], recv[kN];
   for (int r = 0; r < kN; ++r) {
     send[r].assign(n, -1000);
     staged[r].assign(n, 10 * (r + 1));
@@ -123,10 +125,10 @@ TEST(NcclStream, GroupedCallsWaitForEveryStream) {
 }
 
 TEST(NcclStream, DeviceBuffersAreRefusedWithAReason) {
+  std::vector<float> host(1024, 1.0f), out[kN];  // outlive the streams' work (see above)
   World w;
   void* dev = nullptr;
   ASSERT_EQ(mock().malloc_dev(&dev, 4096), 0);
-  std::vector<float> host(1024, 1.0f);
   EXPECT_EQ(ncclAllReduce(dev, host.data(), 1024, ncclFloat32, ncclSum, w.c[0], w.s[0]), ncclInvalidArgument);
   std::string why = ncclGetLastError(w.c[0]);
   EXPECT_NE(why.find("sendbuff"), std::string::npos) << why;
@@ -136,7 +138,6 @@ TEST(NcclStream, DeviceBuffersAreRefusedWithAReason) {
   EXPECT_NE(std::string(ncclGetLastError(w.c[1])).find("recvbuff"), std::string::npos);
   EXPECT_EQ(mock().free_dev(dev), 0);
   // Plain host memory on the same communicators still works, stream-ordered.
-  std::vector<float> out[kN];
   for (int r = 0; r < kN; ++r) {
     out[r].assign(1024, 0.0f);
     ASSERT_EQ(ncclAllReduce(host.data(), out[r].data(), 1024, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess)
@@ -149,16 +150,23 @@ TEST(NcclStream, DeviceBuffersAreRefusedWithAReason) {
 // A stream that does not reach the op within the communicator's timeout:
 // the op fails with a timeout naming the stream wait, the communicator
 // reports it, and the stream is released (its later work still runs).
+//
+// The timeout also bounds the communicators' creation: 1.5 s, not less (under
+// TSan on a loaded host, creating 4 communicators on 2 cores took over 0.5 s),
+// and the stream's first copy takes 4 s, well past it. The buffers outlive
+// the world, whose destructor waits for the streams: the mock's copies write
+// into them until then (regression: a failed assertion left the test body
+// with a copy still queued, and TSan saw it write into freed memory).
 TEST(NcclStream, StreamThatNeverArrivesTimesOut) {
-  setenv("LOOM_TIMEOUT", "0.5", 1);
+  std::vector<float> buf[kN], staged(16, 1.0f), after[kN];
+  setenv("LOOM_TIMEOUT", "1.5", 1);
   {
     World w;
     unsetenv("LOOM_TIMEOUT");
-    std::vector<float> buf[kN], staged(16, 1.0f), after[kN];
     for (int r = 0; r < kN; ++r) {
       buf[r].assign(16, 0.0f);
       after[r].assign(16, -1.0f);
-      ASSERT_EQ(mock().enqueue_copy(w.s[r], buf[r].data(), staged.data(), 16 * sizeof(float), 1500), 0);
+      ASSERT_EQ(mock().enqueue_copy(w.s[r], buf[r].data(), staged.data(), 16 * sizeof(float), 4000), 0);
       ASSERT_EQ(ncclAllReduce(buf[r].data(), buf[r].data(), 16, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
       ASSERT_EQ(mock().enqueue_copy(w.s[r], after[r].data(), staged.data(), 16 * sizeof(float), 0), 0);
     }
@@ -182,8 +190,8 @@ TEST(NcclStream, StreamThatNeverArrivesTimesOut) {
 
 // ncclCommAbort while ops wait for their streams returns at once.
 TEST(NcclStream, AbortWhileWaitingForTheStream) {
+  std::vector<float> buf[kN], staged(16, 1.0f);  // outlive the streams' copies (see above)
   World w;
-  std::vector<float> buf[kN], staged(16, 1.0f);
   for (int r = 0; r < kN; ++r) {
     buf[r].assign(16, 0.0f);
     ASSERT_EQ(mock().enqueue_copy(w.s[r], buf[r].data(), staged.data(), 16 * sizeof(float), 1500), 0);
