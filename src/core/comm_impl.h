@@ -153,7 +153,9 @@ class CommImpl final : public diag::DiagClient {
     std::vector<std::byte*> bufs;
     uint64_t seq = 0;
     uint64_t coll_seq = 0;  // position among this comm's collectives (fingerprints)
-    int64_t start_ns = 0;   // set when run at issue: its start time is its enqueue time
+    // Run at issue: its recorder entry is written once it waits for its
+    // peers (Executor::defer_until_idle), not before its first send.
+    bool defer_record = false;
   };
   struct Op {
     std::vector<SubOp> subs;
@@ -239,6 +241,10 @@ class CommImpl final : public diag::DiagClient {
   Status diag_init(Deadline deadline);
   void diag_on_failure(const Status& st);
   std::unique_ptr<diag::FlightRecorder> recorder_;
+  // The op whose recorder entry waits for its first idle poll (run_sub).
+  const SubOp* deferred_sub_ = nullptr;
+  const RankSchedule* deferred_sched_ = nullptr;
+  void write_deferred_record();
   diag::Fingerprint fingerprint_;  // engine thread only
   bool fingerprints_ = true;
   uint64_t next_coll_seq_ = 0;              // issuing thread only

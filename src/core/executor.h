@@ -47,9 +47,27 @@ class Executor {
              const std::string& what);
 
   ExecProgress& progress() { return progress_; }
+  // Test counters (this process): idle waits on watch words that ended
+  // because a word was ready, and ones that looked their fill.
+  static uint64_t watch_waits_ready();
+  static uint64_t watch_waits_expired();
   // ---- diag: in-band fingerprint of the next run() (nullptr = none); the
   // object must stay valid during run().
   void set_fingerprint(const diag::Fingerprint* fp) { fp_ = fp; }
+  // ---- diag: bookkeeping the caller took off the op's critical path (the
+  // flight recorder's entry of an op run at issue): `fn(ctx)` runs at the
+  // op's first poll that finds nothing to do, i.e. once every message it
+  // could send is out and it waits for its peers, or at flush_deferred().
+  void defer_until_idle(void (*fn)(void*), void* ctx) {
+    deferred_fn_ = fn;
+    deferred_ctx_ = ctx;
+  }
+  void flush_deferred() {
+    if (!deferred_fn_) return;
+    auto* fn = deferred_fn_;
+    deferred_fn_ = nullptr;
+    fn(deferred_ctx_);
+  }
   ~Executor();
 
  private:
@@ -79,6 +97,13 @@ class Executor {
     else mem_->reduce(dst, local, incoming, count, dt, op);
   }
   void publish_progress();
+  bool wait_on_watches();
+
+  // Idle waits on the transports' watch words (Connection::recv_watch)
+  // instead of whole polls (not when oversubscribed: those ranks yield).
+  bool fast_wait_ = false;
+  static constexpr int kFastWaitPolls = 64;   // idle polls that may wait on watches
+  static constexpr int kFastWaitLooks = 64;   // looks at the watch words per such poll
 
   int rank_, nranks_;
   Transport* transport_;
@@ -96,6 +121,8 @@ class Executor {
   ExecProgress progress_;
   // ---- diag: fingerprint state; tokens say which run() last used a peer's header
   const diag::Fingerprint* fp_ = nullptr;
+  void (*deferred_fn_)(void*) = nullptr;
+  void* deferred_ctx_ = nullptr;
   uint64_t op_token_ = 0;
   bool reduced_class_ = false;  // RankSchedule::reduced_class of the running op
   // Plain receives of at least this many bytes land with streaming stores

@@ -97,7 +97,8 @@ nlohmann::json CommImpl::diag_state() {
     nlohmann::json cur;
     cur["seq"] = cur_seq;
     cur["state"] = running ? "running" : "failed";
-    cur["started_ns"] = running_since_ns_.load();
+    // 0: an op run at issue that has not waited yet (run_sub) started just now.
+    if (const int64_t since = running_since_ns_.load()) cur["started_ns"] = since;
     for (const auto& o : ops)
       if (o.value("seq", ~0ull) == cur_seq) cur["op"] = o;
     const ExecProgress& p = exec_->progress();
@@ -125,7 +126,9 @@ void CommImpl::diag_tick() {
   if (running) {
     // Backstop: the executor enforces the deadline itself; an op far past it
     // means the engine is stuck outside a wait (a bug or a wedged kernel).
-    double secs = static_cast<double>(now - running_since_ns_.load()) / 1e9;
+    const int64_t since = running_since_ns_.load();
+    if (since == 0) return;  // an op run at issue that has not waited yet: it started just now (run_sub)
+    double secs = static_cast<double>(now - since) / 1e9;
     if (secs > timeout_s_ + 5 && !abort_.load())
       abort(fmt::format("watchdog: op #{} still running {:.0f} s after its start (LOOM_TIMEOUT {} s)", running - 1,
                         secs, timeout_s_));

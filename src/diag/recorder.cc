@@ -146,7 +146,9 @@ int64_t FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollAr
   e.t_start.store(0, r);
   e.t_end.store(0, r);
   e.seq.store(seq, std::memory_order_release);
-  next_.store(seq + 1, std::memory_order_release);
+  // Only ever forward: an op run at issue is recorded when it first waits
+  // (CommImpl::run_sub), possibly after a later op was queued and recorded.
+  if (seq + 1 > next_.load(std::memory_order_relaxed)) next_.store(seq + 1, std::memory_order_release);
   return now;
 }
 

@@ -8,6 +8,7 @@
 // divide 8); the transport pads each message to 8 bytes internally.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +43,15 @@ class Connection {
   virtual std::span<const std::byte> recv_peek(size_t msg_remaining) = 0;
   // Releases the first n bytes returned by recv_peek.
   virtual void recv_consume(size_t n, size_t msg_remaining) = 0;
+  // After a recv_peek that found nothing: a word in memory that reaches
+  // `at_least` when bytes of the current incoming message arrive, so that an
+  // idle executor can wait on one load instead of repeated whole polls.
+  // {nullptr}: none (poll). Only a hint: a ready word means "poll now".
+  struct Watch {
+    const std::atomic<uint64_t>* word = nullptr;
+    uint64_t at_least = 0;
+  };
+  virtual Watch recv_watch() const { return {}; }
   // The executor's hint before a send: true when this rank's current phase
   // only sends, so its thread is idle while the peer copies. A transport
   // may then let the receiver hand part of a single-copy message back for

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/test_util.h"
 #include "core/comm_impl.h"
 
@@ -228,6 +230,104 @@ TEST(CallerRuns, OpAtIssueIsNotQuiescentAndEndsOk) {
   EXPECT_GT(busy_seen.load(), 10) << "quiescent() said yes while rank 0 ran an op at issue";
   EXPECT_TRUE(c0.quiescent());
   EXPECT_GE(c0.impl()->inline_ops(), 1u);
+}
+
+// An op run at issue is written to the flight recorder once it waits for its
+// peers (off the path to its first send), or at its end if it never waits.
+// Rank 0 blocks in an allreduce until rank 1 joins 100 ms later: meanwhile
+// its state must show the op as current and started, with a start time (the
+// doctor's "in op #N for X s"); afterwards both ranks' records are complete
+// and in time order. Rank 1 finds rank 0's data there at once and may never
+// wait: its record comes from the end of the op.
+TEST(CallerRuns, OpAtIssueIsRecordedWhileItWaits) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  Comm& c0 = *(*comms)[0];
+  Comm& c1 = *(*comms)[1];
+  c0.set_caller_waits(true);
+  c1.set_caller_waits(true);
+  std::vector<float> v0(4, 1.0f), v1(4, 2.0f);
+  // One op first, so that the one watched is not the communicator's first.
+  std::thread warm([&] { (void)c1.allreduce(v1.data(), v1.data(), v1.size(), DataType::kFloat32, RedOp::kSum); });
+  ASSERT_TRUE(c0.allreduce(v0.data(), v0.data(), v0.size(), DataType::kFloat32, RedOp::kSum).is_ok());
+  warm.join();
+  std::atomic<bool> done{false};
+  Status s0;
+  std::thread t0([&] {
+    auto w = c0.allreduce(v0.data(), v0.data(), v0.size(), DataType::kFloat32, RedOp::kSum);
+    s0 = w.is_ok() ? w->wait() : w.status();
+    done = true;
+  });
+  nlohmann::json seen;
+  for (int i = 0; i < 80 && !done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    nlohmann::json st = c0.impl()->diag_state();
+    if (st.contains("current") && st["current"].contains("op")) seen = st;
+  }
+  auto w1 = c1.allreduce(v1.data(), v1.data(), v1.size(), DataType::kFloat32, RedOp::kSum);
+  Status s1 = w1.is_ok() ? w1->wait() : w1.status();
+  t0.join();
+  ASSERT_TRUE(s0.is_ok()) << s0.to_string();
+  ASSERT_TRUE(s1.is_ok()) << s1.to_string();
+  EXPECT_EQ(v0[0], 6.0f);  // (1 + 2) + (2 + 1)
+  ASSERT_FALSE(seen.is_null()) << "rank 0's state never showed the op it waited in";
+  const auto& cur = seen["current"];
+  EXPECT_EQ(cur.value("seq", ~0ull), 1u);
+  EXPECT_EQ(cur["op"].value("state", ""), "started");
+  EXPECT_EQ(cur["op"].value("coll", ""), "allreduce");
+  EXPECT_GT(cur.value("started_ns", int64_t{0}), 0) << cur.dump();
+  for (Comm* c : {&c0, &c1}) {
+    const nlohmann::json ops = c->impl()->diag_state()["ops"];
+    ASSERT_EQ(ops.size(), 2u) << ops.dump();
+    for (uint64_t k = 0; k < 2; ++k) {
+      const auto& o = ops[k];
+      EXPECT_EQ(o.value("seq", ~0ull), k);
+      EXPECT_EQ(o.value("state", ""), "completed") << o.dump();
+      const int64_t enq = o.value("enqueued_ns", int64_t{0}), start = o.value("started_ns", int64_t{0}),
+                    end = o.value("ended_ns", int64_t{0});
+      EXPECT_GT(enq, 0) << o.dump();
+      EXPECT_LE(enq, start) << o.dump();
+      EXPECT_LE(start, end) << o.dump();
+    }
+  }
+  // Rank 0 waited ~100 ms in op #1, and its record says so.
+  const nlohmann::json o = c0.impl()->diag_state()["ops"][1];
+  EXPECT_GT(o.value("ended_ns", int64_t{0}) - o.value("started_ns", int64_t{0}), 50'000'000) << o.dump();
+}
+
+// The watchdog must not take an op run at issue, in the moment before its
+// record is written (its start time still 0), for one running since 1970:
+// a thread ticks rank 0's watchdog without pause while both ranks run small
+// allreduces at issue. A watchdog that did would abort the communicator.
+TEST(CallerRuns, WatchdogLeavesUnrecordedOpAlone) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> ticks{0};
+  std::thread watchdog([&] {
+    while (!done) {
+      (*comms)[0]->impl()->diag_tick();
+      ++ticks;
+    }
+  });
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      c.set_caller_waits(true);
+      std::vector<float> v(2, 1.0f);
+      for (int i = 0; i < 20000 && err[r].empty(); ++i) {
+        auto w = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kMax);
+        Status st = w.is_ok() ? w->wait() : w.status();
+        if (!st.is_ok()) err[r] = st.to_string();
+      }
+    });
+  for (auto& t : ts) t.join();
+  done = true;
+  watchdog.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  EXPECT_GT(ticks.load(), 1000u);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "common/test_util.h"
 #include "core/config.h"
+#include "core/executor.h"
 #include "transport/shm/shm_transport.h"
 
 namespace loom {
@@ -470,6 +471,66 @@ TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
   const uint64_t before_plain = ShmTransport::gathered_messages();
   run_all(*plain, std::vector<testing::Case>(cases.begin(), cases.begin() + static_cast<ptrdiff_t>(distinct)));
   EXPECT_EQ(ShmTransport::gathered_messages() - before_plain, 0u);
+}
+
+// An idle receiver waits on the word that announces its message (the slot's
+// stamp, the FIFO's tail: Connection::recv_watch) instead of whole polls.
+// Rank 1 sends each message ~20 us after rank 0 started waiting for it: the
+// word must turn ready inside such a wait (a word that never did would leave
+// the "ready" count at 0). Every 10th message comes ~400 us late, longer
+// than such waits last: they must end unready ("expired" > 0; a word that
+// always read ready would not). Slot, FIFO and two-piece FIFO messages,
+// results checked.
+TEST(ShmPaths, IdleReceiverWaitsOnTheArrivalWord) {
+  setenv("LOOM_TIMEOUT", "30", 1);
+  auto comms = Comm::init_all(2);
+  unsetenv("LOOM_TIMEOUT");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  const uint64_t ready0 = Executor::watch_waits_ready(), expired0 = Executor::watch_waits_expired();
+  const size_t counts[] = {2, 75, 2048};  // int32: 8 B (slot), 300 B and 8 KiB (FIFO)
+  constexpr int kMsgs = 150;
+  // Rounds of kMsgs until both kinds of ending were seen: on a loaded host
+  // (ctest -j2) a thread may lose its core for longer than a wait lasts, and
+  // only ~1 wait in 10 ended ready in one round.
+  uint64_t ready = 0, expired = 0;
+  for (int round = 0; round < 20 && (ready < 10 || expired == 0); ++round) {
+    std::vector<std::string> err(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        Comm& c = *(*comms)[r];
+        for (int i = 0; i < kMsgs && err[r].empty(); ++i) {
+          std::vector<int32_t> buf(counts[i % 3], -1);
+          Status st;
+          if (r == 1) {
+            const auto delay = std::chrono::microseconds(i % 10 == 9 ? 400 : 20);
+            for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < delay;) {
+            }
+            for (size_t k = 0; k < buf.size(); ++k) buf[k] = static_cast<int32_t>(i * 10000 + k);
+            auto w = c.send(buf.data(), buf.size(), DataType::kInt32, 0);
+            st = w.is_ok() ? w->wait() : w.status();
+          } else {
+            auto w = c.recv(buf.data(), buf.size(), DataType::kInt32, 1);
+            st = w.is_ok() ? w->wait() : w.status();
+            for (size_t k = 0; st.is_ok() && k < buf.size(); ++k)
+              if (buf[k] != static_cast<int32_t>(i * 10000 + k)) {
+                st = Status(StatusCode::kInternal, "message " + std::to_string(i) + " element " + std::to_string(k));
+                break;
+              }
+          }
+          if (!st.is_ok()) {
+            err[r] = st.to_string();
+            c.abort("test failure");
+          }
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+    ready = Executor::watch_waits_ready() - ready0;
+    expired = Executor::watch_waits_expired() - expired0;
+  }
+  EXPECT_GE(ready, 10u) << "idle receives did not see their message arrive through the watch word";
+  EXPECT_GT(expired, 0u) << "a watch word read ready before its message came";
 }
 
 // The FIFOs are mapped in at setup. Regression: they were faulted in page by

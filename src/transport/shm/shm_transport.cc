@@ -452,6 +452,16 @@ class ShmConnection final : public Connection {
     return {stage_.get(), n};
   }
 
+  // The word recv_peek looked at: the awaited slot's stamp (stamps only
+  // grow: the message is in once it reaches its number) or the FIFO's tail
+  // (any byte past what was read). Single-copy reads in progress: none.
+  Watch recv_watch() const override {
+    if (in_total_ == 0) return {};
+    if (in_slot_) return {&in_ctl_->slots[slot_next_ % kSlots].stamp, slot_next_ + 1};
+    if (in_cma_ && have_desc_) return {};
+    return {&in_ctl_->tail, head_ + 1};
+  }
+
   void recv_consume(size_t n, size_t msg_remaining) override {
     if (in_slot_) {
       if (n == msg_remaining) {  // the whole message is read: the slot is free
