@@ -149,9 +149,13 @@ void Hub::Impl::watchdog_main() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (g_sigusr1.exchange(0)) Hub::get().dump("SIGUSR1", false);
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    for (DiagClient* c : clients) c->diag_tick();
+    Hub::get().tick();
   }
+}
+
+void Hub::tick() {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  for (DiagClient* c : impl_->clients) c->diag_tick();
 }
 
 void Hub::Impl::server_main() {

@@ -42,6 +42,9 @@ class Hub {
   void remove(DiagClient* c);  // waits for a running tick / snapshot of c
   // The query server's address ("" when disabled).
   std::string address();
+  // One watchdog tick of every communicator (what the watchdog thread does
+  // every 100 ms), serialized with it; for tests that tick faster.
+  void tick();
 
   // Writes this process's state to LOOM_DUMP_DIR (no-op when unset).
   // `announce`: also ask every peer's diag server to dump (coordinated dump).

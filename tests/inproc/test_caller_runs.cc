@@ -14,6 +14,7 @@
 
 #include "common/test_util.h"
 #include "core/comm_impl.h"
+#include "diag/hub.h"
 
 namespace loom {
 namespace {
@@ -297,7 +298,7 @@ TEST(CallerRuns, OpAtIssueIsRecordedWhileItWaits) {
 
 // The watchdog must not take an op run at issue, in the moment before its
 // record is written (its start time still 0), for one running since 1970:
-// a thread ticks rank 0's watchdog without pause while both ranks run small
+// a thread ticks the watchdogs without pause while both ranks run small
 // allreduces at issue. A watchdog that did would abort the communicator.
 TEST(CallerRuns, WatchdogLeavesUnrecordedOpAlone) {
   auto comms = Comm::init_all(2);
@@ -306,7 +307,7 @@ TEST(CallerRuns, WatchdogLeavesUnrecordedOpAlone) {
   std::atomic<uint64_t> ticks{0};
   std::thread watchdog([&] {
     while (!done) {
-      (*comms)[0]->impl()->diag_tick();
+      diag::Hub::get().tick();  // every communicator's watchdog, serialized with the hub's thread
       ++ticks;
     }
   });
