@@ -12,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "algorithms/algorithms.h"
 #include "bootstrap/bootstrap.h"
+#include "core/comm_impl.h"
 #include "loom/comm.h"
 #include "loom/memory.h"
 #include "perf_colls.h"
@@ -194,6 +197,40 @@ Result<double> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
   return wrong_all;
 }
 
+// --ab: this run's communicator (A) against one forcing another algorithm
+// (B), out of place, in alternating blocks with a barrier before each; the
+// mean time per op of each, this rank's.
+struct AbTimes {
+  double a_us = 0, b_us = 0;
+};
+Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {
+  LOOM_RETURN_IF_ERROR(run_ops(a, s, false, 1));
+  LOOM_RETURN_IF_ERROR(run_ops(b, s, false, 1));
+  const int blocks = a.o.ab_blocks;
+  const int per_block = std::max(1, a.o.iters / blocks);
+  AbTimes t;
+  for (int k = 0; k < blocks; ++k)
+    for (Context* c : {&a, &b}) {
+      LOOM_RETURN_IF_ERROR(ctl.barrier());
+      auto t0 = std::chrono::steady_clock::now();
+      LOOM_RETURN_IF_ERROR(run_ops(*c, s, false, per_block));
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      (c == &a ? t.a_us : t.b_us) += us;
+    }
+  const double ops = static_cast<double>(blocks) * per_block * a.o.agg;
+  t.a_us /= ops;
+  t.b_us /= ops;
+  return t;
+}
+
+// The algorithm of the communicator's newest recorded op ("" if none): the
+// flight recorder keeps the first 8 characters of its name.
+std::string last_algorithm(Comm& comm) {
+  const nlohmann::json st = comm.impl()->diag_state();
+  const auto& ops = st.value("ops", nlohmann::json::array());
+  return ops.empty() ? "" : ops.back().value("algo", "");
+}
+
 Measure make_measure(double us, const Shape& s, double wrong) {
   Measure m;
   m.time_us = us;
@@ -298,7 +335,30 @@ int perf_main(int argc, char** argv, Bench bench) {
   Comm& comm = *comm_owner;
   const int n = comm.size(), rank = comm.rank();
   const bool print = rank == 0;
+  // --ab: a second communicator of the same ranks whose tuner is forced to
+  // the other algorithm (LOOM_ALGO is read when a communicator is created).
+  std::unique_ptr<Comm> comm_b;
+  std::string ab_spec;
+  if (!o.ab_algo.empty()) {
+    Collective coll = Collective::kAllReduce;
+    (void)bench_collective(bench, &coll);
+    ab_spec = o.ab_algo.find(':') != std::string::npos ? o.ab_algo : std::string(collective_name(coll)) + ":" + o.ab_algo;
+    const char* prev = std::getenv("LOOM_ALGO");
+    const std::string saved = prev ? prev : "";
+    setenv("LOOM_ALGO", ab_spec.c_str(), 1);
+    auto b = comm.split(0, rank);
+    if (prev) setenv("LOOM_ALGO", saved.c_str(), 1);
+    else unsetenv("LOOM_ALGO");
+    if (!b.is_ok()) {
+      fprintf(stderr, "%s: --ab %s: %s\n", argv[0], o.ab_algo.c_str(), b.status().to_string().c_str());
+      (void)comm.destroy();
+      mpi_finalize();
+      return 1;
+    }
+    comm_b = std::move(*b);
+  }
   auto finish = [&](int rc) {
+    if (comm_b) (void)comm_b->destroy();
     (void)comm.destroy();
     comm_owner.reset();
     mpi_finalize();
@@ -327,6 +387,10 @@ int perf_main(int argc, char** argv, Bench bench) {
     lines.push_back("Algorithms available for " + std::string(collective_name(coll)) + ": " + names);
   }
   if (o.baseline_mpi) lines.push_back("Baseline: " + info.mpi_library);
+  if (comm_b)
+    lines.push_back("A/B: A = " + algo + ", B = LOOM_ALGO=" + ab_spec + "; per size, out of place, " +
+                    std::to_string(o.ab_blocks) + " alternating blocks of " +
+                    std::to_string(std::max(1, o.iters / o.ab_blocks)) + " iterations each, in this process");
   if (o.oneway)
     lines.push_back(std::string("Pattern: one way (--oneway): even ranks send to rank + 1, odd ranks receive") +
                     (o.average == Average::kMax ? "; times: slowest rank" : ""));
@@ -365,6 +429,7 @@ int perf_main(int argc, char** argv, Bench bench) {
     return finish(0);
   }
   Context ctx{comm, bench, o, sendb.get(), recvb.get(), {}};
+  Context ctx_b{comm_b ? *comm_b : comm, bench, o, sendb.get(), recvb.get(), {}};
   Control ctl(comm);
   bool failed = false;
   auto fail = [&](const Status& s) {
@@ -423,15 +488,33 @@ int perf_main(int argc, char** argv, Bench bench) {
         fprintf(stderr, "--baseline mpi: %s\n", us.status().to_string().c_str());
       }
     }
+    std::string ab_line;
+    if (comm_b) {
+      auto t = time_ab(ctx, ctx_b, s, ctl);
+      if (!t.is_ok()) { fail(t.status()); break; }
+      auto ta = ctl.combine(t->a_us, o.average);
+      auto tb = ta.is_ok() ? ctl.combine(t->b_us, o.average) : ta;
+      if (!tb.is_ok()) { fail(tb.status()); break; }
+      const std::string ran_a = last_algorithm(comm), ran_b = last_algorithm(*comm_b);
+      char buf[256];
+      snprintf(buf, sizeof buf, "#  A/B %12zu  A %s %.3f us  B %s %.3f us  B/A %.3f", s.size_bytes,
+               ran_a.empty() ? "?" : ran_a.c_str(), *ta, ran_b.empty() ? "?" : ran_b.c_str(), *tb,
+               *ta > 0 ? *tb / *ta : 0.0);
+      ab_line = buf;
+    }
     if (print) {
       progress.done();
       report.add(row);
+      // A comment line (nccl-tests style) after the row: on stdout with the
+      // table, on stderr when stdout carries JSON or CSV.
+      if (!ab_line.empty()) fprintf(o.json_stdout || o.csv_stdout ? stderr : stdout, "%s\n", ab_line.c_str());
     }
   }
   if (print) progress.done();
   // Leave together, before rank 0 spends time on files and plots: a peer
   // that exits while another still holds the communicator looks like a death.
   if (!failed) (void)ctl.barrier();
+  if (comm_b) (void)comm_b->destroy();
   (void)comm.destroy();
   bool files_ok = true;
   if (print) files_ok = report.finish(wrong_total, failed);

@@ -99,6 +99,10 @@ void print_usage(FILE* out, const char* prog) {
           "                          input, which flatters single-copy transports); needs -z 1\n"
           "      --thp               buffers in 2 MiB pages advised as transparent huge pages (the\n"
           "                          header says how much the kernel gave); not with -R\n"
+          "      --ab ALGO           per size, also time this run's algorithm against ALGO (on a second\n"
+          "                          communicator) in alternating blocks inside this process, out of\n"
+          "                          place, and print both times, the algorithms that ran and B/A\n"
+          "      --ab-blocks N       blocks per algorithm for --ab (default 10; -n iterations in all)\n"
           "  -h, --help\n"
           "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
           prog);
@@ -121,7 +125,7 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway, kFresh, kThp };
+enum LongOnly { kSizes = 1000, kJson, kCsv, kBaseline, kPlot, kProgress, kOneway, kFresh, kThp, kAb, kAbBlocks };
 
 }  // namespace
 
@@ -159,6 +163,8 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
                                     {"oneway", no_argument, nullptr, kOneway},
                                     {"fresh", no_argument, nullptr, kFresh},
                                     {"thp", no_argument, nullptr, kThp},
+                                    {"ab", required_argument, nullptr, kAb},
+                                    {"ab-blocks", required_argument, nullptr, kAbBlocks},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
   const char* prog = argv[0];
@@ -238,6 +244,20 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
         break;
       case kFresh: o->fresh = true; break;
       case kThp: o->thp = true; break;
+      case kAb: {
+        Collective coll;
+        if (!bench_collective(bench, &coll)) {
+          fprintf(stderr, "%s: --ab compares algorithms of a collective; %s is a send/recv pattern\n", prog,
+                  bench_name(bench));
+          return 2;
+        }
+        if (!*optarg) return bad("--ab", optarg);
+        o->ab_algo = optarg;
+        break;
+      }
+      case kAbBlocks:
+        if (!parse_int(optarg, 1, 1000000, &o->ab_blocks)) return bad("--ab-blocks (>= 1)", optarg);
+        break;
       case 'h': print_usage(stdout, prog); return 0;
       default: print_usage(stderr, prog); return 2;
     }

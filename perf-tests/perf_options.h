@@ -5,7 +5,7 @@
 // for scripts written for nccl-tests and ignored with a note, since a Loom
 // rank is a process). Loom flags: -A ALGO, --sizes LIST, --json[=FILE],
 // --csv[=FILE], --baseline mpi, --plot FILE.png, --progress, --oneway, --fresh,
-// and -R (buffers from loom::mem_alloc).
+// --ab ALGO, and -R (buffers from loom::mem_alloc).
 #pragma once
 
 #include <cstddef>
@@ -72,6 +72,12 @@ struct Options {
   // --thp: buffers in whole 2 MiB pages, advised as transparent huge pages
   // (madvise); a single-copy read pins one page per 2 MiB instead of 512.
   bool thp = false;
+  // --ab ALGO: also compare, per size, this run's algorithm (auto or -A) with
+  // ALGO on a second communicator of the same ranks, timed out of place in
+  // --ab-blocks alternating blocks inside this one process (so the host's
+  // changes of pace hit both alike), and print the two times and their ratio.
+  std::string ab_algo;
+  int ab_blocks = 10;
   std::vector<std::string> notes;  // accepted-but-ignored flags, printed in the header
 };
 

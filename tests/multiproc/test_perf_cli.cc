@@ -240,6 +240,39 @@ TEST_F(PerfCli, BadArgumentsAreRejected) {
   EXPECT_NE(a.out.find("no_such_algo"), std::string::npos) << a.out;
 }
 
+// --ab: per size, this run's algorithm against another on a second
+// communicator, timed in alternating blocks in one process. The line names
+// the algorithms that really ran (from each communicator's flight recorder),
+// so a forced algorithm that was not honoured shows; results still checked.
+TEST_F(PerfCli, AbComparesTwoAlgorithmsInOneProcess) {
+  Outcome r = run(loomrun(2) + "all_reduce_perf --sizes 1K,64K -n 20 -w 1 -z 1 -A hypercube --ab ring --ab-blocks 4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("A/B: A = LOOM_ALGO=allreduce:hypercube, B = LOOM_ALGO=allreduce:ring; per size, out of "
+                       "place, 4 alternating blocks of 5 iterations"),
+            std::string::npos)
+      << r.out;
+  std::vector<std::vector<std::string>> ab;
+  for (const auto& l : lines(r.out))
+    if (l.rfind("#  A/B ", 0) == 0) ab.push_back(fields(l));
+  ASSERT_EQ(ab.size(), 2u) << r.out;
+  const char* sizes[] = {"1024", "65536"};
+  for (size_t i = 0; i < ab.size(); ++i) {
+    // "#  A/B SIZE A ALGO T us B ALGO T us B/A R"
+    ASSERT_EQ(ab[i].size(), 13u) << r.out;
+    EXPECT_EQ(ab[i][2], sizes[i]);
+    EXPECT_EQ(ab[i][4], "hypercub") << "A ran another algorithm";
+    EXPECT_EQ(ab[i][8], "ring") << "B ran another algorithm";
+    const double ta = std::stod(ab[i][5]), tb = std::stod(ab[i][9]), ratio = std::stod(ab[i][12]);
+    EXPECT_GT(ta, 0.0);
+    EXPECT_GT(tb, 0.0);
+    EXPECT_NEAR(ratio, tb / ta, 0.002 + 0.001 * ratio) << r.out;
+  }
+  // A send/recv pattern has no algorithm to compare.
+  EXPECT_EQ(run(bin_dir() + "/sendrecv_perf --ab ring").rc, 2);
+  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf --ab ring --ab-blocks 0").rc, 2);
+}
+
 // mem_bench's cross-process column: two processes copying from each other
 // with process_vm_readv at once. A broken timing (no copy done, zero time)
 // would print inf or 0; a refused process_vm_readv prints nan.
