@@ -202,7 +202,9 @@ Result<double> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
 // mean time per op of each, this rank's.
 struct AbTimes {
   double a_us = 0, b_us = 0;
+  std::string a_algo, b_algo;  // what ran, from each communicator's flight recorder
 };
+std::string last_algorithm(Comm& comm);
 Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {
   LOOM_RETURN_IF_ERROR(run_ops(a, s, false, 1));
   LOOM_RETURN_IF_ERROR(run_ops(b, s, false, 1));
@@ -216,6 +218,8 @@ Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {
       LOOM_RETURN_IF_ERROR(run_ops(*c, s, false, per_block));
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       (c == &a ? t.a_us : t.b_us) += us;
+      // Read now: the next barrier is an allreduce on A's communicator.
+      if (k == blocks - 1) (c == &a ? t.a_algo : t.b_algo) = last_algorithm(c->comm);
     }
   const double ops = static_cast<double>(blocks) * per_block * a.o.agg;
   t.a_us /= ops;
@@ -495,7 +499,8 @@ int perf_main(int argc, char** argv, Bench bench) {
       auto ta = ctl.combine(t->a_us, o.average);
       auto tb = ta.is_ok() ? ctl.combine(t->b_us, o.average) : ta;
       if (!tb.is_ok()) { fail(tb.status()); break; }
-      const std::string ran_a = last_algorithm(comm), ran_b = last_algorithm(*comm_b);
+      const std::string& ran_a = t->a_algo;
+      const std::string& ran_b = t->b_algo;
       char buf[256];
       snprintf(buf, sizeof buf, "#  A/B %12zu  A %s %.3f us  B %s %.3f us  B/A %.3f", s.size_bytes,
                ran_a.empty() ? "?" : ran_a.c_str(), *ta, ran_b.empty() ? "?" : ran_b.c_str(), *tb,
