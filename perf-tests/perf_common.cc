@@ -204,7 +204,14 @@ struct AbTimes {
   double a_us = 0, b_us = 0;
   std::string a_algo, b_algo;  // what ran, from each communicator's flight recorder
 };
-std::string last_algorithm(Comm& comm);
+// The algorithm of the communicator's newest recorded op ("" if none): the
+// flight recorder keeps the first 8 characters of its name.
+std::string last_algorithm(Comm& comm) {
+  const nlohmann::json st = comm.impl()->diag_state();
+  const auto& ops = st.value("ops", nlohmann::json::array());
+  return ops.empty() ? "" : ops.back().value("algo", "");
+}
+
 Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {
   LOOM_RETURN_IF_ERROR(run_ops(a, s, false, 1));
   LOOM_RETURN_IF_ERROR(run_ops(b, s, false, 1));
@@ -227,14 +234,6 @@ Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {
   return t;
 }
 
-// The algorithm of the communicator's newest recorded op ("" if none): the
-// flight recorder keeps the first 8 characters of its name.
-std::string last_algorithm(Comm& comm) {
-  const nlohmann::json st = comm.impl()->diag_state();
-  const auto& ops = st.value("ops", nlohmann::json::array());
-  return ops.empty() ? "" : ops.back().value("algo", "");
-}
-
 Measure make_measure(double us, const Shape& s, double wrong) {
   Measure m;
   m.time_us = us;
@@ -244,18 +243,24 @@ Measure make_measure(double us, const Shape& s, double wrong) {
   return m;
 }
 
+// The LOOM_ALGO value that forces `algo` for the bench's collective (a value
+// with ':' is a full spec already).
+std::string algo_spec(Collective coll, const std::string& algo) {
+  return algo.find(':') != std::string::npos ? algo : std::string(collective_name(coll)) + ":" + algo;
+}
+
 // -A: LOOM_ALGO must be in the environment before the communicator exists.
 std::string apply_algo_flag(Bench bench, const Options& o, std::vector<std::string>* header) {
   if (o.algo.empty()) {
     const char* env = std::getenv("LOOM_ALGO");
     return env && *env ? std::string("LOOM_ALGO=") + env : "auto";
   }
-  Collective coll;
+  Collective coll = Collective::kAllReduce;  // unused when -A is a full spec
   if (o.algo.find(':') == std::string::npos && !bench_collective(bench, &coll)) {
     header->push_back(std::string("-A ") + o.algo + " ignored: " + bench_name(bench) + " is a send/recv pattern");
     return "auto";
   }
-  std::string spec = o.algo.find(':') != std::string::npos ? o.algo : std::string(collective_name(coll)) + ":" + o.algo;
+  const std::string spec = algo_spec(coll, o.algo);
   setenv("LOOM_ALGO", spec.c_str(), 1);
   return "LOOM_ALGO=" + spec;
 }
@@ -346,7 +351,7 @@ int perf_main(int argc, char** argv, Bench bench) {
   if (!o.ab_algo.empty()) {
     Collective coll = Collective::kAllReduce;
     (void)bench_collective(bench, &coll);
-    ab_spec = o.ab_algo.find(':') != std::string::npos ? o.ab_algo : std::string(collective_name(coll)) + ":" + o.ab_algo;
+    ab_spec = algo_spec(coll, o.ab_algo);
     const char* prev = std::getenv("LOOM_ALGO");
     const std::string saved = prev ? prev : "";
     setenv("LOOM_ALGO", ab_spec.c_str(), 1);
