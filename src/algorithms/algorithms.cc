@@ -49,7 +49,7 @@ const std::vector<Algorithm>& all_algorithms() {
       {"direct", Collective::kBroadcast, "the root sends to every rank at once; nothing forwarded", always,
        direct_broadcast},
       {"tree", Collective::kReduce, "pipelined binary tree to the root", always, tree_reduce},
-      {"binomial", Collective::kReduce, "binomial tree, whole message per step", always, binomial_reduce},
+      {"binomial", Collective::kReduce, "binomial tree, pipelined in chunks; far-first on one host", always, binomial_reduce},
       {"pairwise", Collective::kAllToAll, "n-1 pairwise exchanges, one peer at a time", always, pairwise_all_to_all},
   };
   return kAll;

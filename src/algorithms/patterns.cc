@@ -108,27 +108,48 @@ void emit_binomial_bcast(RankSchedule& s, const std::vector<int>& group, int roo
 }
 
 void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int root, int me, BufRef src, BufRef acc,
-                          size_t count) {
+                          size_t count, bool far_first, size_t chunk) {
   const int m = static_cast<int>(group.size());
   if (count == 0) return;
   const int rel = mod(me - root, m);
   auto member = [&](int r) { return group[static_cast<size_t>(mod(r + root, m))]; };
-  bool have_partial = false;  // acc holds own OP children so far
-  for (int mask = 1; mask < m; mask *= 2) {
-    Phase p;
-    if (rel & mask) {
-      p.steps.push_back(send_to_reduce_step(member(rel - mask), have_partial ? acc : src, count));
-      push_phase(s, std::move(p));
-      return;
+  // This position's parent and children, in the order it reduces them.
+  // Near-first: rel sends at its lowest set bit, after the children below
+  // it (rel + 1, rel + 2, ...). Far-first: at its highest set bit, with the
+  // distances from the largest down (the mirror of emit_binomial_bcast).
+  int top = 1;
+  while (top < m) top *= 2;
+  int parent = -1;
+  std::vector<int> children;
+  for (int step = 1; step < m; step *= 2) {
+    const int mask = far_first ? top / 2 / step : step;
+    if (far_first ? (rel >= mask && rel < 2 * mask) : (rel & mask) != 0) {
+      parent = member(rel - mask);
+      break;
     }
-    if (rel + mask < m) {
-      p.steps.push_back(recv_reduce_step(member(rel + mask), have_partial ? acc : src, acc, count));
-      have_partial = true;
-    }
-    push_phase(s, std::move(p));
+    if (rel + mask < m) children.push_back(member(rel + mask));
   }
-  // Only the root gets here; with no peers its result is its own input.
-  if (!have_partial && (src.buf != acc.buf || src.offset != acc.offset)) {
+  // Chunk k: reduce it from each child in turn (own input OP first child,
+  // then OP each next: the fixed order of the whole-message tree), then send
+  // it up in the phase that starts chunk k + 1, so a rank forwards a chunk
+  // while its children deliver the next one.
+  const size_t c = chunk == 0 ? count : std::min(chunk, count);
+  const size_t nchunks = (count + c - 1) / c;
+  auto off = [&](size_t k) { return k * c; };
+  auto len = [&](size_t k) { return std::min(c, count - k * c); };
+  const BufRef up = children.empty() ? src : acc;
+  for (size_t k = 0; k <= nchunks; ++k) {
+    const size_t rounds = k < nchunks ? std::max<size_t>(children.size(), 1) : 1;
+    for (size_t i = 0; i < rounds; ++i) {
+      Phase p;
+      if (i == 0 && k > 0 && parent >= 0) p.steps.push_back(send_to_reduce_step(parent, at(up, off(k - 1)), len(k - 1)));
+      if (k < nchunks && i < children.size())
+        p.steps.push_back(recv_reduce_step(children[i], at(i == 0 ? src : acc, off(k)), at(acc, off(k)), len(k)));
+      push_phase(s, std::move(p));
+    }
+  }
+  // The root of a single-member group: its result is its own input.
+  if (parent < 0 && children.empty() && (src.buf != acc.buf || src.offset != acc.offset)) {
     Phase p;
     p.steps.push_back(copy_step(src, acc, count));
     push_phase(s, std::move(p));

@@ -64,8 +64,13 @@ void emit_binomial_bcast(RankSchedule& s, const std::vector<int>& group, int roo
 // lands in `acc` of the root. Non-root members with children also use their
 // `acc` as a partial-sum buffer (pass scratch there). Operands are combined
 // as (lower relative position) OP (higher), in a fixed order: deterministic.
+// Near-first (default): position v sends to v - 2^k at its lowest set bit 2^k,
+// so step 1 pairs neighbours. far_first: v sends at its highest set bit, with
+// the distances from the largest down, the mirror of emit_binomial_bcast.
+// chunk > 0: pipelined in chunks of that many elements (a rank sends chunk
+// k up while its children deliver chunk k + 1); 0: whole message per step.
 void emit_binomial_reduce(RankSchedule& s, const std::vector<int>& group, int root, int me, BufRef src, BufRef acc,
-                          size_t count);
+                          size_t count, bool far_first = false, size_t chunk = 0);
 
 // Recursive-doubling allreduce over the group with the fold above: result in
 // `dst` on every member; `in_place`: src and dst are the same memory (also

@@ -70,6 +70,12 @@ struct Step {
   // operand order on both sides (lower rank's partial first), so both
   // compute the same expression bit for bit (NaN payloads, max/min ties).
   bool incoming_first = false;
+  // Sends only: the message stays in the transport's FIFO even from a buffer
+  // the receiver could map and read in place (Connection::set_send_mappable).
+  // A mapped send ends only once its reader has read it; a sender with its
+  // own work left (the next op, when ranks share cores) then waits for a
+  // reader that may itself be waiting for its turn on a core.
+  bool unmapped = false;
 };
 
 inline bool is_comm_step(StepKind k) {
@@ -120,6 +126,9 @@ struct CollArgs {
   // Host index of every rank (hierarchical algorithms); empty = unknown,
   // treated as one host.
   std::vector<int> host_of_rank;
+  // More ranks on this host than cores (params::oversubscribed): the ranks
+  // take turns on the cores. Every rank of a host sees the same value.
+  bool oversubscribed = false;
 };
 
 // Splits `count` elements into `parts` contiguous blocks whose sizes differ by

@@ -1,7 +1,8 @@
 // Tree family: double binary tree allreduce (Sanders, Speck & Träff 2009; NCCL
 // 2.4), pipelined binary-tree broadcast and reduce, binomial broadcast
 // (pipelined in chunks like the trees; one chunk = whole message per step)
-// and binomial reduce (whole message per step: log2 n latency terms).
+// and binomial reduce (pipelined in chunks too, patterns.cc; far-first on
+// one host).
 //
 // Pipelining: the data of a tree is cut into chunks and every rank works on a
 // global clock of phases. With D the depth of the tree and d a rank's depth:
@@ -231,7 +232,28 @@ Result<RankSchedule> binomial_reduce(const CollArgs& a) {
   const bool root = r == a.root;
   BufRef acc = root ? BufRef{kBufRecv, 0} : BufRef{kBufScratch, 0};
   if (!root) s.scratch_count = a.count;
-  emit_binomial_reduce(s, iota_group(n), a.root, r, {kBufSend, 0}, acc, a.count);
+  // On one host the tree goes far-first (the mirror of binomial_broadcast's):
+  // with more ranks than cores, rank r on core r mod cores, the near-first
+  // tree's receivers are all of the root's parity, so with 2 cores one core
+  // did 10 of the 14 message ends of an 8-rank reduce; far-first splits them
+  // 7 / 7 like the chain, at depth 3. Measured, 8 ranks on 2 cores, -z 1, in
+  // one process against the chain (--ab): 8 B - 16 KiB 0.41-0.70 of the
+  // chain's time far-first, 0.47-0.85 near-first. Across hosts (ranks in
+  // blocks per host) near-first keeps the early, numerous steps inside a
+  // host; far-first would send a block's ranks across at once.
+  const bool one_host = std::all_of(a.host_of_rank.begin(), a.host_of_rank.end(),
+                                    [&](int h) { return h == a.host_of_rank.front(); });
+  emit_binomial_reduce(s, iota_group(n), a.root, r, {kBufSend, 0}, acc, a.count, one_host, chunk_elems(a));
+  // A partial sum leaves from scratch, which the parent could map and read in
+  // place (shm, from 256 KiB): the send would then end only once the parent
+  // has read it, and with ranks taking turns on the cores the parent is
+  // still receiving its other children. Measured, 4 ranks on 2 cores, -z 1,
+  // far-first: 256 KiB 64.5 us mapped, 27.7 through the FIFO
+  // (LOOM_SHM_MAP_SHARED=0), the chain 41-45; 512 KiB 117-121 / 56-58.
+  if (a.oversubscribed)
+    for (Phase& ph : s.phases)
+      for (Step& st : ph.steps)
+        if (st.kind == StepKind::kSend && st.src.buf == kBufScratch) st.unmapped = true;
   if (root && a.op == RedOp::kAvg) {
     Phase p;
     p.steps.push_back(divide_step({kBufRecv, 0}, a.count));

@@ -366,6 +366,11 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   // Cache miss: ask the tuner among the algorithms that can serve this call.
   CollArgs args = a;
   args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
+  {
+    const int mine = host_of_rank_.empty() ? 0 : host_of_rank_[static_cast<size_t>(rank_)];
+    const auto local = host_of_rank_.empty() ? nranks_ : std::count(host_of_rank_.begin(), host_of_rank_.end(), mine);
+    args.oversubscribed = params::oversubscribed(static_cast<int>(local));
+  }
   std::vector<std::string> available;
   for (const Algorithm* algo : algorithms_for(a.coll))
     if (algo->supports(args).is_ok()) available.push_back(algo->name);

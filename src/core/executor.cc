@@ -143,6 +143,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           continue;
         }
         a.conn->set_send_reduced(s.peer_reduces || reduced_class_);
+        a.conn->set_send_mappable(!s.unmapped);
         // ---- diag: the op's fingerprint goes out before its first bytes to this peer
         if (a.hdr_left) {
           send_fingerprint(a, moved);

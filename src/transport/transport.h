@@ -64,6 +64,12 @@ class Connection {
   // from a lower size for plain messages). Read only when a message starts.
   void set_send_reduced(bool reduced) { send_reduced_ = reduced; }
   void set_recv_reduced(bool reduced) { recv_reduced_ = reduced; }
+  // Whether the next message to start may be read by its receiver in place
+  // through a mapping of the sender's shared buffer (shm: Loom's scratch past
+  // LOOM_SHM_MAP_MIN_BYTES); false keeps it in the FIFO. The sender alone
+  // decides (the receiver learns it from the message's header), so the two
+  // ends need not agree. Read only when a message starts.
+  void set_send_mappable(bool mappable) { send_mappable_ = mappable; }
   // The executor's hint before a plain receive into host memory: the whole
   // message is large enough (LOOM_COPY_STREAM_BYTES) that recv_into's copies
   // out of the transport take streaming stores (kernels::stream_copy).
@@ -87,6 +93,7 @@ class Connection {
 
  protected:
   bool send_reduced_ = false;
+  bool send_mappable_ = true;
   bool recv_reduced_ = false;
   bool recv_stream_ = false;
 };

@@ -25,8 +25,9 @@ bool reduces(Collective c) {
 }
 
 // Runs `algo` for all ranks in memory and checks the result; returns "" or the failure.
+// hosts > 1: the ranks in that many contiguous blocks (CollArgs::host_of_rank).
 std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp op, bool in_place, int root,
-                  size_t chunk = 0) {
+                  size_t chunk = 0, int hosts = 1) {
   const size_t es = dtype_size(dt);
   const Collective c = algo.coll;
   size_t send_count = count, recv_count = count;
@@ -67,6 +68,8 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
     a.rank = r;
     a.in_place = in_place;
     a.chunk_elems = chunk;
+    if (hosts > 1)
+      for (int q = 0; q < n; ++q) a.host_of_rank.push_back(q * hosts / n);
     if (c == Collective::kSendRecv) {
       a.p2p = {{true, (r + 1) % n, count}, {false, (r - 1 + n) % n, count}};
       bufs[r] = {nullptr, nullptr, nullptr, s, rv};
@@ -333,6 +336,82 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   auto leaf = shape(make(7, 250));
   EXPECT_EQ(leaf[2], 0);
   EXPECT_EQ(leaf[3], 4);
+}
+
+// The binomial reduce goes far-first on one host: with more ranks than cores
+// (rank r on core r mod cores) the near-first tree's receivers all share the
+// root's parity, so one of 2 cores did 10 of an 8-rank reduce's 14 message
+// ends (the chain splits them 7 / 7) and the tuner rightly preferred the
+// chain, measured 1.2-2.1x slower than a balanced tree at 8 B - 16 KiB.
+// Across hosts (ranks in blocks) it stays near-first: one message per host
+// boundary instead of a block's worth.
+TEST(Schedules, BinomialReduceSplitsWorkAcrossCoresOnOneHost) {
+  auto ends = [](int n, int root, int hosts) {
+    std::array<int, 2> by_parity{0, 0};  // message ends on even / odd ranks
+    int crossing = 0;                     // sends to another host
+    for (int r = 0; r < n; ++r) {
+      CollArgs a;
+      a.coll = Collective::kReduce;
+      a.nranks = n;
+      a.rank = r;
+      a.root = root;
+      a.count = 64;
+      if (hosts > 1)
+        for (int q = 0; q < n; ++q) a.host_of_rank.push_back(q * hosts / n);
+      auto s = make_schedule(a, "binomial");
+      EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+      if (!s.is_ok()) continue;
+      for (const Phase& ph : s->phases)
+        for (const Step& st : ph.steps) {
+          if (st.kind != StepKind::kSend && st.kind != StepKind::kRecv && st.kind != StepKind::kRecvReduce) continue;
+          ++by_parity[static_cast<size_t>(r % 2)];
+          if (st.kind == StepKind::kSend && hosts > 1 && st.peer * hosts / n != r * hosts / n) ++crossing;
+        }
+    }
+    return std::make_pair(by_parity, crossing);
+  };
+  for (int root : {0, 3}) {
+    auto [one_host, c1] = ends(8, root, 1);
+    EXPECT_EQ(one_host[0], 7) << "root " << root;
+    EXPECT_EQ(one_host[1], 7) << "root " << root;
+    auto [four, c4] = ends(4, root, 1);
+    EXPECT_EQ(four[0], 3) << "root " << root;
+    EXPECT_EQ(four[1], 3) << "root " << root;
+  }
+  // Root 0, two hosts of 4 ranks: near-first, only 4 -> 0 crosses.
+  auto [two_hosts, crossing] = ends(8, 0, 2);
+  EXPECT_EQ(crossing, 1);
+  EXPECT_EQ(two_hosts[0], 10) << "near-first: every receive on the root's parity";
+  // Oversubscribed, partial sums (sends from scratch) stay in the FIFO; a
+  // leaf's send from its input is left to the transport either way.
+  for (bool over : {false, true})
+    for (int r : {1, 3}) {  // 4 ranks far-first: 1 sends a partial sum, 3 its input
+      CollArgs a;
+      a.coll = Collective::kReduce;
+      a.nranks = 4;
+      a.rank = r;
+      a.count = 64;
+      a.oversubscribed = over;
+      auto s = make_schedule(a, "binomial");
+      ASSERT_TRUE(s.is_ok());
+      int sends = 0;
+      for (const Phase& ph : s->phases)
+        for (const Step& st : ph.steps)
+          if (st.kind == StepKind::kSend) {
+            ++sends;
+            EXPECT_EQ(st.src.buf == kBufScratch, r == 1);
+            EXPECT_EQ(st.unmapped, over && r == 1) << "rank " << r << (over ? " oversubscribed" : "");
+          }
+      EXPECT_EQ(sends, 1);
+    }
+  // Both orientations reduce correctly (the matrix above runs one host only).
+  for (int n = 1; n <= 17; ++n)
+    for (int root : {0, n / 2, n - 1})
+      for (bool in_place : {false, true}) {
+        std::string err = check(*find_algorithm(Collective::kReduce, "binomial"), n, 33, DataType::kFloat32,
+                                RedOp::kSum, in_place, root, 0, 2);
+        ASSERT_EQ(err, "") << "two hosts, n=" << n << " root=" << root << (in_place ? " in place" : "");
+      }
 }
 
 TEST(Schedules, RejectsBadArguments) {

@@ -393,7 +393,7 @@ class ShmConnection final : public Connection {
       // Past the receiver's hdr_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
       out_hdr_ = !out_cma_ && msg_remaining >= peer_->hdr_min_bytes;
-      out_ref_ = (out_cma_ || out_hdr_) ? shared_buffers::find(src, msg_remaining) : std::nullopt;
+      out_ref_ = (out_cma_ || (out_hdr_ && send_mappable_)) ? shared_buffers::find(src, msg_remaining) : std::nullopt;
       if (out_hdr_ && out_ref_) out_cma_ = true, out_hdr_ = false;
       out_slot_ = !out_cma_ && !out_hdr_ && msg_remaining <= peer_->slot_max_bytes;
       out_desc_posted_ = false;
