@@ -195,9 +195,10 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     case AlgoKind::kBinomial: {
       LinkCost l = x.all();
       const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
-      if (red) return L * (o + n * (b + gam));
-      // The root's sends and its first child's receive + forwards, chunk by
-      // chunk (the broadcast is pipelined, tree.cc).
+      // The root's reduced receives, chunk by chunk (both directions are
+      // pipelined, tree.cc / patterns.cc).
+      if (red) return L * (k * o + n * (b + gam));
+      // The root's sends and its first child's receive + forwards.
       const double s = sender_copies(c);
       return std::max(L * (k * o + s * n * b), k * o + n * b + (L - 1) * (k * o + s * n * b));
     }
@@ -267,7 +268,14 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   // core), 400 iterations: binomial 135 us mapped, 103 through the FIFO
   // (LOOM_SHM_MAP_SHARED=0), the chain 114; the model without the term chose
   // binomial there (1.17-1.30x slower, run 18).
+  // A message between two ranks of one core moves its bytes at
+  // same_core_beta_factor of beta, as in the symmetric collectives: the
+  // receiver reads lines its core-mate just wrote. Measured, -z 1, 128 KiB
+  // chunks, 16 MiB: the far-first binomial reduce (every step but the last
+  // within a core) 2886 us at 4 ranks, 6980 at 8; the chain (every hop
+  // across) 3549 / 9424, at equal message counts per core.
   auto msg = [&](int s, int r, double m, double k, double o, double b, bool scratch = false) {
+    if (s % cores == r % cores) b *= x.c.same_core_beta_factor;
     if (scratch && red && x.mapped(m)) {
       const double wait = (s % cores == r % cores) ? x.c.hand_off_us : x.c.hand_off_cross_us;
       at(s) += k * (o + wait);
@@ -298,13 +306,17 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
       break;
     }
     case AlgoKind::kBinomial: {
-      // Near-first (patterns.cc): at mask m, v < m sends to v + m (broadcast);
-      // v whose lowest set bit is m sends to v - m (reduce).
+      // Broadcast near-first (patterns.cc): at mask m, v < m sends to v + m.
+      // Reduce on one host far-first, its mirror: v in [m, 2m) sends to v - m
+      // (and has a child if v >= 2); across hosts near-first: v whose lowest
+      // set bit is m sends to v - m (tree.cc, binomial_reduce).
       LinkCost l = x.all();
       const double o = l.alpha_us / 2, b = l.beta_us_per_byte;
       for (int m = 1; m < p; m *= 2) {
-        if (red)
-          for (int v = m; v < p; v += 2 * m) msg(v, v - m, n, 1, o, b, m > 1 && v + 1 < p);  // v has a child
+        if (red && x.c.nhosts > 1)
+          for (int v = m; v < p; v += 2 * m) msg(v, v - m, c, k, o, b, m > 1 && v + 1 < p);  // v has a child
+        else if (red)  // oversubscribed its partial sums stay in the FIFO (tree.cc): never mapped
+          for (int v = m; v < std::min(2 * m, p); ++v) msg(v, v - m, c, k, o, b);
         else
           for (int v = m; v < std::min(2 * m, p); ++v) msg(v - m, v, c, k, o, b);
       }
@@ -736,12 +748,33 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         case AlgoKind::kRabenseifner:
           if (!red) return std::nullopt;
           break;
-        case AlgoKind::kBinomial:
-          // Broadcast pipelines like a tree of depth ceil(log2 p) whose root
-          // sends each chunk ceil(log2 p) times (the factor cancels in the
-          // chunk); reduce goes whole message per step.
-          if (!red) chunk = pipelined(L, n, x.all(), c.min_chunk_bytes).chunk;
+        case AlgoKind::kBinomial: {
+          // Pipelines like a tree of depth ceil(log2 p) whose root sends (or
+          // reduces) each chunk ceil(log2 p) times (the factor cancels in the
+          // chunk). Reduce oversubscribed as the chain: a hand-off per hop
+          // and chunk to amortise, and chunks that stay in cache while the
+          // ranks take turns: a whole-message step writes its n bytes into
+          // the FIFO long before the parent gets the core to read them.
+          // And every chunk a rank waits for is a turn on its core, which
+          // small chunks do not amortise: one size, an eighth of the cache.
+          // Measured, -z 1, binomial (far-first, partial sums in the FIFO)
+          // in 64 / 128 / 256 / 512 KiB chunks, us: 4 ranks 16 MiB 3383 /
+          // 2886 / 3299 / 3538, 8 ranks 7753 / 6980 / 7528 / 8353; whole
+          // messages 4 ranks 1 / 2 MiB 180-200 / 392-430 against 121-126 /
+          // 261-263 in 128 KiB chunks; 4 ranks 64 / 256 KiB in 16 / 32 / 64
+          // KiB chunks 11.2-12.0 / 9.5-11.0 / 9.3-10.5 and 43-45 / 37-39 /
+          // 34-35 (min of 3 runs each, `LOOM_CHUNK_BYTES=C reduce_perf -A
+          // binomial -z 1`).
+          const bool over = core_bound(c, p);
+          if (red && over && c.cache_bytes > 0) {
+            chunk = std::min(std::max<size_t>(bytes, 1), std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 8));
+          } else {
+            LinkCost r = x.all();
+            r.beta_us_per_byte += gam;
+            chunk = pipelined(L, n, r, c.min_chunk_bytes).chunk;
+          }
           break;
+        }
         case AlgoKind::kDirect: break;
         default: return std::nullopt;
       }

@@ -27,7 +27,7 @@ enum class AlgoKind {
   kRing,              // ring reduce-scatter + all-gather; ring all-gather/reduce-scatter
   kChain,             // pipelined chain (a ring cut at the root): broadcast, reduce
   kTree,              // pipelined (double) binary tree
-  kBinomial,          // binomial tree, whole message per step
+  kBinomial,          // binomial tree, pipelined in chunks
   kHypercube,         // recursive doubling
   kRabenseifner,      // recursive halving (+ doubling)
   kBruck,             // Bruck's log-step algorithm
