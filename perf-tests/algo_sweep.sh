@@ -19,11 +19,15 @@
 #              fastest round, so a load burst during one run does not decide
 #   -C N       confirmation rounds (default 5, 0 = none): every size where the
 #              automatic choice measured more than 10% slower than the best is
-#              measured again, the chosen and the best algorithm only,
-#              interleaved N times, with enough iterations for ~20 ms of timing
-#              per run, the size given twice (the first pass is a warm-up); the
-#              verdict is taken from these fastest-of-N times, and the table
-#              shows both ratios
+#              measured again, the chosen and the best algorithm only, N times,
+#              with enough iterations for ~20 ms of timing per run, the size
+#              given twice (the first pass is a warm-up). Out of place each
+#              round is one process timing both (--ab: 20 alternating blocks,
+#              so a change of the host's pace hits both alike); in place (-I)
+#              separate runs, interleaved. The verdict is taken from these
+#              fastest-of-N times, and the table shows both ratios
+#   -K         confirm every judged size, not only the misses (the verdict
+#              then comes from the confirmation runs everywhere)
 #   -N         no runs: analyze (and plot) what -o DIR already holds
 #   -x ARGS    extra arguments for the *_perf runs, e.g. -x "-z 1": blocking,
 #              one op at a time: the model predicts one op's latency, while
@@ -35,13 +39,14 @@
 set -euo pipefail
 
 BUILD=build COLL=allreduce RANKS=2,4,8 MINB=8 MAXB=256M FACTOR=4 ITERS=10 WARM=2 ALGOS="" OUT=algo-sweep-out ROUNDS=1 EXTRA=""
-CONFIRM=5 ANALYZE_ONLY=0 PLACE=oop
-while getopts "B:c:r:b:e:f:n:w:a:o:R:C:Nx:Ih" opt; do
+CONFIRM=5 ANALYZE_ONLY=0 PLACE=oop CONFIRM_ALL=0
+while getopts "B:c:r:b:e:f:n:w:a:o:R:C:NKx:Ih" opt; do
   case $opt in
     B) BUILD=$OPTARG ;; c) COLL=$OPTARG ;; r) RANKS=$OPTARG ;; b) MINB=$OPTARG ;; e) MAXB=$OPTARG ;;
     f) FACTOR=$OPTARG ;; n) ITERS=$OPTARG ;; w) WARM=$OPTARG ;; a) ALGOS=$OPTARG ;; o) OUT=$OPTARG ;;
     R) ROUNDS=$OPTARG ;; C) CONFIRM=$OPTARG ;; N) ANALYZE_ONLY=1 ;; x) EXTRA=$OPTARG ;; I) PLACE=ip ;;
-    *) sed -n '2,32p' "$0"; exit 2 ;;
+    K) CONFIRM_ALL=1 ;;
+    *) sed -n '2,36p' "$0"; exit 2 ;;
   esac
 done
 
@@ -91,9 +96,10 @@ done
 # ("n size choice best best_us" per line); $1 = report: the tables, with the
 # confirmation runs' verdict where there are any.
 analyze() {
-python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" "$1" "$PLACE" <<'EOF'
+python3 - "$OUT" "$COLL" "$RANKS" "$ALGOS" "$1" "$PLACE" "$CONFIRM_ALL" <<'EOF'
 import collections, csv, os, re, sys
 out, coll, ranks, algos, mode, place = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(","), sys.argv[5], sys.argv[6]
+confirm_all = sys.argv[7] == "1"
 # Confirmation runs: (n, size, algo) -> fastest time over the rounds, and the rounds.
 confirm, confirm_rounds = {}, collections.Counter()
 cpath = os.path.join(out, "confirm.csv")
@@ -175,13 +181,13 @@ for n in map(int, ranks):
         ratio = chosen_t / best[1] if (best and chosen_t) else float("nan")
         ok = chosen_t is not None and ratio <= 1.10
         if mode == "misses":
-            if not ok and chosen_t is not None: print(n, s, choice, best[0], f"{best[1]:.3f}")
+            if (not ok or confirm_all) and chosen_t is not None: print(n, s, choice, best[0], f"{best[1]:.3f}")
             continue
         # A miss measured again (-C): the chosen and the best algorithm,
         # interleaved; the verdict is theirs (the sweep's ratio stays shown).
         confirmed = "-"
         cc, cb = confirm.get((n, s, choice)), confirm.get((n, s, best[0] if best else ""))
-        if not ok and cc and cb:
+        if (not ok or confirm_all) and cc and cb:
             cratio = cc / cb
             confirmed = f"{cratio:.2f} ({cc:.1f} vs {cb:.1f} us, {confirm_rounds[(n, s, choice)]} rounds)"
             ok = cratio <= 1.10
@@ -230,6 +236,21 @@ if (( CONFIRM > 0 && ! ANALYZE_ONLY )); then
     iters=$(python3 -c "print(max(20, min(20000, int(20000 / max($tbest, 0.1)))))")
     echo "== confirming $COLL n=$n size $s: $choice against $best, $CONFIRM rounds of $iters iterations" >&2
     for ((round = 1; round <= CONFIRM; round++)); do
+      if [[ $PLACE == oop ]]; then
+        # "#  A/B  SIZE  A chain 3.525 us  B binomial 2.341 us  B/A 0.664", the
+        # second (warm) pass; the names are what each communicator ran.
+        line=$("$LOOMRUN" -n "$n" "$PERF" -A "$choice" --ab "$best" --ab-blocks 20 --sizes "$s,$s" -c 0 -n "$iters" \
+                 -w "$WARM" "${extra[@]}" 2>> "$OUT/confirm.log" < /dev/null | grep "A/B  *[0-9]" | tail -1) \
+          || { echo "   failed: see $OUT/confirm.log" >&2; continue; }
+        read -r ra ta rb tb <<< "$(awk '{for (i = 1; i < NF; i++) { if ($i == "A") print_a = $(i+1) " " $(i+2); if ($i == "B") print_b = $(i+1) " " $(i+2) } } END {print print_a, print_b}' <<< "$line")"
+        if [[ $ra != "$choice" || $rb != "$best" ]]; then
+          echo "   --ab ran '$ra' / '$rb', not $choice / $best: round not counted" >&2
+          continue
+        fi
+        echo "$n,$s,$choice,$round,$ta" >> "$OUT/confirm.csv"
+        echo "$n,$s,$best,$round,$tb" >> "$OUT/confirm.csv"
+        continue
+      fi
       for a in "$choice" "$best"; do
         csvf="$OUT/confirm_last.csv"
         rm -f "$csvf"

@@ -340,6 +340,34 @@ TEST_F(PerfCli, AlgoSweepLeavesUnhonouredRunsOutOfThePlot) {
   EXPECT_EQ(body.str(), "# size ring direct\n1024 3.000 2.000\n16777216 1500.000 NaN\n") << r.out;
 }
 
+// algo_sweep.sh's confirmation (-C, here of every size: -K) times the
+// chosen and the best algorithm in one process (--ab): one round leaves one
+// row per algorithm in confirm.csv, both from that process, and the table's
+// verdict comes from them.
+TEST_F(PerfCli, AlgoSweepConfirmsBothAlgorithmsInOneProcess) {
+  char dir[] = "/tmp/loom_sweep_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  Outcome r = run("bash " + source_dir() + "/perf-tests/algo_sweep.sh -B " + bin_dir() +
+                  "/.. -c reduce -r 2 -b 4K -e 4K -a chain,binomial -n 5 -w 1 -C 1 -K -x '-z 1' -o " + d + " 2>&1");
+  std::ifstream in(d + "/confirm.csv");
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  if (system(("rm -rf " + d).c_str()) != 0) r.out += "\n(could not remove " + d + ")";
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  for (const std::string& row : rows) {
+    // n,size,algo,round,time_us
+    EXPECT_EQ(row.rfind("2,4096,", 0), 0u) << row;
+    EXPECT_NE(row.find(",1,"), std::string::npos) << row;
+    const double t = std::stod(row.substr(row.rfind(',') + 1));
+    EXPECT_GT(t, 0.0) << row;
+  }
+  const bool same = rows[0].substr(0, rows[0].find(",1,")) == rows[1].substr(0, rows[1].find(",1,"));
+  EXPECT_NE(r.out.find(same ? "2 rounds)" : "1 rounds)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("within 10% of the best at"), std::string::npos) << r.out;
+}
+
 // compare.sh --summarize over a raw.csv and a mem.csv written here, in a
 // directory removed afterwards.
 Outcome summarize(const std::string& raw_rows, const std::string& mem_csv) {
