@@ -204,12 +204,23 @@ struct AbTimes {
   double a_us = 0, b_us = 0;
   std::string a_algo, b_algo;  // what ran, from each communicator's flight recorder
 };
-// The algorithm of the communicator's newest recorded op ("" if none): the
-// flight recorder keeps the first 8 characters of its name.
+// The algorithm of the communicator's newest recorded op ("" if none). The
+// flight recorder keeps the first 8 characters of its name: the registry's
+// one name that starts so is given whole ("hypercub" -> hypercube).
+// Regression: algo_sweep.sh's confirmation compared "hypercub" with
+// "hypercube" and counted no round.
 std::string last_algorithm(Comm& comm) {
   const nlohmann::json st = comm.impl()->diag_state();
   const auto& ops = st.value("ops", nlohmann::json::array());
-  return ops.empty() ? "" : ops.back().value("algo", "");
+  const std::string rec = ops.empty() ? "" : ops.back().value("algo", "");
+  std::string whole;
+  for (const Algorithm& a : all_algorithms()) {
+    const std::string name = a.name;
+    if (name.compare(0, rec.size(), rec) != 0) continue;
+    if (!whole.empty() && whole != name) return rec;  // not unique: as recorded
+    whole = name;
+  }
+  return rec.empty() || whole.empty() ? rec : whole;
 }
 
 Result<AbTimes> time_ab(Context& a, Context& b, const Shape& s, Control& ctl) {

@@ -270,6 +270,12 @@ TEST_F(PerfCli, AbComparesTwoAlgorithmsInOneProcess) {
     EXPECT_GT(tb, 0.0);
     EXPECT_NEAR(ratio, tb / ta, 0.002 + 0.001 * ratio) << r.out;
   }
+  // Names longer than the flight recorder's 8 characters come out whole
+  // (regression: "hypercub", which algo_sweep.sh's confirmation rejected).
+  Outcome h = run(loomrun(2) + "all_reduce_perf --sizes 4K -n 8 -w 1 -A rabenseifner --ab hypercube --ab-blocks 2");
+  ASSERT_EQ(h.rc, 0) << h.out;
+  EXPECT_NE(h.out.find(" A rabenseifner "), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find(" B hypercube "), std::string::npos) << h.out;
   // A send/recv pattern has no algorithm to compare.
   EXPECT_EQ(run(bin_dir() + "/sendrecv_perf --ab ring").rc, 2);
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf --ab ring --ab-blocks 0").rc, 2);
