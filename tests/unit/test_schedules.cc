@@ -25,6 +25,17 @@ bool reduces(Collective c) {
 }
 
 // Runs `algo` for all ranks in memory and checks the result; returns "" or the failure.
+// One rank's arguments for a collective of n ranks (root: rooted ones).
+CollArgs rooted(Collective coll, int n, int rank, int root, size_t count) {
+  CollArgs a;
+  a.coll = coll;
+  a.nranks = n;
+  a.rank = rank;
+  a.root = root;
+  a.count = count;
+  return a;
+}
+
 // hosts > 1: the ranks in that many contiguous blocks (CollArgs::host_of_rank).
 std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp op, bool in_place, int root,
                   size_t chunk = 0, int hosts = 1) {
@@ -58,14 +69,9 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
     } else {
       fill(s, send_count, dt, fill_op, r);
     }
-    CollArgs a;
-    a.coll = c;
-    a.count = count;
+    CollArgs a = rooted(c, n, r, root, count);
     a.dt = dt;
     a.op = op;
-    a.root = root;
-    a.nranks = n;
-    a.rank = r;
     a.in_place = in_place;
     a.chunk_elems = chunk;
     if (hosts > 1)
@@ -296,11 +302,7 @@ TEST(Schedules, HalvingReduceScatterEndsInTheOutput) {
 // With one chunk it is the classic binomial tree: the root sends lg p times.
 TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   auto make = [](int r, size_t chunk) {
-    CollArgs a;
-    a.coll = Collective::kBroadcast;
-    a.nranks = 8;
-    a.rank = r;
-    a.count = 1000;
+    CollArgs a = rooted(Collective::kBroadcast, 8, r, 0, 1000);
     a.chunk_elems = chunk;
     auto s = make_schedule(a, "binomial");
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
@@ -350,12 +352,7 @@ TEST(Schedules, BinomialReduceSplitsWorkAcrossCoresOnOneHost) {
     std::array<int, 2> by_parity{0, 0};  // message ends on even / odd ranks
     int crossing = 0;                     // sends to another host
     for (int r = 0; r < n; ++r) {
-      CollArgs a;
-      a.coll = Collective::kReduce;
-      a.nranks = n;
-      a.rank = r;
-      a.root = root;
-      a.count = 64;
+      CollArgs a = rooted(Collective::kReduce, n, r, root, 64);
       if (hosts > 1)
         for (int q = 0; q < n; ++q) a.host_of_rank.push_back(q * hosts / n);
       auto s = make_schedule(a, "binomial");
@@ -386,11 +383,7 @@ TEST(Schedules, BinomialReduceSplitsWorkAcrossCoresOnOneHost) {
   // leaf's send from its input is left to the transport either way.
   for (bool over : {false, true})
     for (int r : {1, 3}) {  // 4 ranks far-first: 1 sends a partial sum, 3 its input
-      CollArgs a;
-      a.coll = Collective::kReduce;
-      a.nranks = 4;
-      a.rank = r;
-      a.count = 64;
+      CollArgs a = rooted(Collective::kReduce, 4, r, 0, 64);
       a.oversubscribed = over;
       auto s = make_schedule(a, "binomial");
       ASSERT_TRUE(s.is_ok());
