@@ -238,15 +238,16 @@ double rooted_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
 // not the busiest rank's. Per position v (rank root + v): o per message end,
 // the receiver's copy (b) and reduction (gam), the sender's copy unless
 // single copy, as in rooted_busy_us.
-// Which ranks do the heavy roles then matters: with 2 cores the binomial
-// reduce receives and reduces only on the root's parity (near-first: the odd
-// positions send and leave at the first step) and the binary tree's interior
-// nodes are the even positions, all on the root's core, while a chain
-// alternates cores. And a pipelined chain pays a message per chunk per rank,
-// which the busiest-rank view hides behind its one inner rank. Measured, 4
-// ranks on 2 cores: reduce 128 KiB chain 23.8 us, binomial 34.0 (the
-// busiest-rank model called them a tie); 8 ranks, broadcast 32 KiB binomial
-// 13.6 us, chain (4 chunks) 16.6.
+// Which ranks do the heavy roles then matters: with 2 cores a near-first
+// binomial reduce receives and reduces only on the root's parity (the odd
+// positions send and leave at the first step; so binomial_reduce goes
+// far-first on one host, which balances the cores like the chain) and the
+// binary tree's interior nodes are the even positions, all on the root's
+// core, while a chain alternates cores. And a pipelined chain pays a message
+// per chunk per rank, which the busiest-rank view hides behind its one inner
+// rank. Measured, 4 ranks on 2 cores: reduce 128 KiB chain 23.8 us,
+// near-first binomial 34.0 (the busiest-rank model called them a tie); 8
+// ranks, broadcast 32 KiB binomial 13.6 us, chain (4 chunks) 16.6.
 // Rabenseifner's halving and scatter-allgather's ring are symmetric: their
 // per-rank figure times the ranks of the busiest core.
 double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
