@@ -318,7 +318,8 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     model = c == "allreduce" and n == 2 and mem
     bounded = any(copy_bound(c, n, s) for (cc, nn, s) in data if cc == c and nn == n and s >= 65536)
     head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["model", "loom/model"] if model else []) + \
-           (["copy bound", "loom/bound", "target", "target/bound"] if bounded else [])
+           (["copy bound", "loom/bound", "target", "target/bound"] if bounded else []) + \
+           (["model/2 / bound"] if model and bounded else [])
     print(f"### {c}, {n} ranks\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -344,6 +345,11 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
             row += [f"{b:.2f}" if b else "-", f"{d['loom'][1] / b:.0%}" if b and "loom" in d else "-",
                     f"{t:g}x = {need:.2f}" if need and not small else "-",
                     (f"{need / b:.2f}" + (" above" if need > b else "")) if b and need and not small else "-"]
+        if model and bounded:
+            # The issue's other allreduce target, half the memory model, against the same bound.
+            m = mem.get(s)
+            b = copy_bound(c, n, s) if not small else None
+            row.append((f"{0.5 * m[2] / b:.2f}" + (" above" if 0.5 * m[2] > b else "")) if m and b else "-")
         print("| " + " | ".join(row) + " |")
     print()
 if mem:
@@ -362,7 +368,8 @@ if mem:
     print("A byte for another rank's private buffer crosses by process_vm_readv or through shared memory: a")
     print("memcpy in, then a copy out of lines the other core wrote (the cross-core copy, slower than a memcpy")
     print("within one core's cache).")
-    print("target/bound > 1: the issue's target lies above that bound.")
+    print("target/bound > 1: the issue's target lies above that bound. model/2 / bound: the same for the")
+    print("2-rank allreduce's other target, half the memory model (whose rates are one buffer set's, in cache).")
     if mem_fp:
         print("\n### memory reference at the collectives' footprints\n")
         print("| size | footprint per core (x size) | memcpy GB/s (per core, all at once) | reduce2 GB/s (same) | cross-process copy GB/s | cross-core copy GB/s |")

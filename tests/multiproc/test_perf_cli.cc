@@ -403,7 +403,8 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
                         "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n"
                         "1048576,40,20,26.7,20\n4194304,10,5,6.67,8\n16777216,10,5,6.67,8\n");
   ASSERT_EQ(r.rc, 0) << r.out;
-  // | size | loom | ompi | ratio | [model | loom/model |] copy bound | loom/bound | target | target/bound |
+  // | size | loom | ompi | ratio | [model | loom/model |] copy bound | loom/bound | target | target/bound
+  //   [| model/2 / bound] |
   auto ag2 = summary_row(r.out, "all_gather, 2 ranks", "4 MiB");
   ASSERT_EQ(ag2.size(), 8u) << r.out;
   EXPECT_EQ(ag2[4], "4.44");
@@ -411,11 +412,12 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   EXPECT_EQ(ag2[6], "2x = 6.00");
   EXPECT_EQ(ag2[7], "1.35 above");
   auto ar2 = summary_row(r.out, "allreduce, 2 ranks", "16 MiB");
-  ASSERT_EQ(ar2.size(), 10u) << r.out;
+  ASSERT_EQ(ar2.size(), 11u) << r.out;
   EXPECT_EQ(ar2[6], "4.71");
   EXPECT_EQ(ar2[7], "89%");
   EXPECT_EQ(ar2[8], "2x = 4.20");
   EXPECT_EQ(ar2[9], "0.89");  // below the bound: a reachable target
+  EXPECT_EQ(ar2[10], "0.71");  // half the model, 6.67 / 2, against 4.71: reachable too
   auto ag4 = summary_row(r.out, "all_gather, 4 ranks", "1 MiB");
   ASSERT_EQ(ag4.size(), 8u) << r.out;
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -496,12 +498,15 @@ TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
                         mem.str());
   ASSERT_EQ(r.rc, 0) << r.out;
   auto ar64 = summary_row(r.out, "allreduce, 2 ranks", "64 MiB");
-  ASSERT_EQ(ar64.size(), 10u) << r.out;
+  ASSERT_EQ(ar64.size(), 11u) << r.out;
   EXPECT_EQ(ar64[6], "2.35");
   EXPECT_EQ(ar64[9], "0.94");  // 2x 1.1 = 2.2 against 2.35
+  // Half the memory model (one set's rates: 6.67 / 2 = 3.33) against the footprint's bound.
+  EXPECT_EQ(ar64[10], "1.42 above");
   auto ar16 = summary_row(r.out, "allreduce, 2 ranks", "16 MiB");
-  ASSERT_EQ(ar16.size(), 10u) << r.out;
+  ASSERT_EQ(ar16.size(), 11u) << r.out;
   EXPECT_EQ(ar16[6], "4.71");
+  EXPECT_EQ(ar16[10], "0.71");
   auto ag64 = summary_row(r.out, "all_gather, 2 ranks", "64 MiB");
   ASSERT_EQ(ag64.size(), 8u) << r.out;
   EXPECT_EQ(ag64[4], "2.00");
