@@ -345,11 +345,8 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
             row += [f"{b:.2f}" if b else "-", f"{d['loom'][1] / b:.0%}" if b and "loom" in d else "-",
                     f"{t:g}x = {need:.2f}" if need and not small else "-",
                     (f"{need / b:.2f}" + (" above" if need > b else "")) if b and need and not small else "-"]
-        if model and bounded:
-            # The other allreduce target, half the memory model, against the same bound.
-            m = mem.get(s)
-            b = copy_bound(c, n, s) if not small else None
-            row.append((f"{0.5 * m[2] / b:.2f}" + (" above" if 0.5 * m[2] > b else "")) if m and b else "-")
+            if model:  # the other allreduce target, half the memory model (m above), against the same bound
+                row.append((f"{0.5 * m[2] / b:.2f}" + (" above" if 0.5 * m[2] > b else "")) if m and b else "-")
         print("| " + " | ".join(row) + " |")
     print()
 if mem:
