@@ -63,6 +63,16 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
   reduced_class_ = sched.reduced_class;
   ++op_token_;  // diag: a new op -> every peer's first message carries a fingerprint again
   progress_.nslots.store(0, std::memory_order_relaxed);
+  // The op's writes owe their doorbells until the phase waits or ends
+  // (Transport::hold_doorbells): a send does not stall until its cache line
+  // has left this core; the line moves while the rank polls for its peers.
+  // Not when oversubscribed: there the peers sleep early, and a wake-up a
+  // poll late costs more than the fence.
+  if (fast_wait_) transport_->hold_doorbells();
+  struct Release {  // on every way out
+    Transport* t;
+    ~Release() { t->release_doorbells(); }
+  } release{transport_};
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
     LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, deadline, what, i, sched.phases.size()));
@@ -75,6 +85,10 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
                            const std::string& what, size_t phase_index, size_t nphases) {
   const size_t es = dtype_size(dt);
   auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
+  struct Ring {  // the doorbells this phase's writes owe, before the next phase's local steps
+    Transport* t;
+    ~Ring() { t->ring_owed(); }
+  } ring{transport_};
   active_.clear();
   overlapped_.clear();
   for (const Step& s : ph.steps) {
@@ -210,6 +224,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     if (!overlapped_.empty()) {
       // The first pass posted every send it could (single-copy descriptors,
       // FIFO bytes): the peers are busy, do the overlapped copies now.
+      transport_->ring_owed();  // a peer asleep on those bytes should not wait for the copies
       run_overlapped();
       moved = true;
     }
@@ -221,6 +236,11 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       continue;
     }
     flush_deferred();  // diag: the sends are out, the op waits: a moment for bookkeeping
+    // Peers asleep on what this phase wrote get their doorbells from the
+    // second idle poll on (or at the phase's end, if sooner). Not at the
+    // first: its fence would wait for the line just written, the very
+    // stall held doorbells avoid, and most small answers come within one.
+    if (idle > 0) transport_->ring_owed();
     if (++idle == spin_ && spin_time_.count() > 0) {
       // The poll budget is spent; keep polling until the time floor has passed
       // (the clock is read every 64 polls, not every poll).

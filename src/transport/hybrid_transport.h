@@ -34,6 +34,9 @@ class HybridTransport final : public Transport {
   void wait_events(uint32_t seen, std::chrono::microseconds timeout) override { shm_->wait_events(seen, timeout); }
   void arm_wait() override { shm_->arm_wait(); }
   void disarm_wait() override { shm_->disarm_wait(); }
+  void hold_doorbells() override { shm_->hold_doorbells(); }
+  void ring_owed() override { shm_->ring_owed(); }
+  void release_doorbells() override { shm_->release_doorbells(); }
   Status check_peer(int peer) override;
   void announce_abort(const std::string& reason) override;
   void wake_self() override { shm_->wake_self(); }

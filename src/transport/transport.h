@@ -114,6 +114,17 @@ class Transport {
   virtual void wait_events(uint32_t seen, std::chrono::microseconds timeout) = 0;
   virtual void arm_wait() {}
   virtual void disarm_wait() {}
+  // Held doorbells: from hold_doorbells() on, the wake-ups that sends and
+  // receives owe to sleeping peers (wait_events) wait for ring_owed() or
+  // release_doorbells(), which pay them all at once. A write then does not
+  // stall until its cache line has reached this core (the doorbell check
+  // needs a full fence after it): the line moves while the rank goes on.
+  // The holder must call ring_owed() before it waits or works long, so a
+  // sleeping peer's wake-up is late by no more than that (the executor:
+  // at every idle poll and at the end of every phase).
+  virtual void hold_doorbells() {}
+  virtual void ring_owed() {}
+  virtual void release_doorbells() {}
   // Non-ok if the peer's process died or it announced an abort. A peer that
   // destroyed its communicator (orderly close, announced by every transport's
   // destructor after its last send) is ok as long as this rank waits for

@@ -35,6 +35,14 @@ class ShmTransport final : public Transport {
   Status check_peer(int peer) override;
   void announce_abort(const std::string& reason) override;
   void wake_self() override;
+  void hold_doorbells() override { batch_.hold = true; }
+  void ring_owed() override {
+    if (!batch_.owed.empty()) pay_owed();
+  }
+  void release_doorbells() override {
+    ring_owed();
+    batch_.hold = false;
+  }
 
   // Bytes this process's senders wrote into receivers (shared single copy,
   // LOOM_SHM_SHARED_COPY), for tests and diagnostics.
@@ -73,6 +81,13 @@ class ShmTransport final : public Transport {
   static void set_liveness_probe_for_test(bool (*probe)(int pid));
 
   struct Segment;  // defined in the .cc
+  // The doorbells this rank's connections owe while they are held: the
+  // peers (ranks) written to since the last ring_owed, each once.
+  struct DoorbellBatch {
+    bool hold = false;
+    std::vector<int> owed;
+    std::vector<uint8_t> is_owed;  // per rank
+  };
 
  private:
   ShmTransport() = default;
@@ -81,6 +96,8 @@ class ShmTransport final : public Transport {
   size_t seg_bytes_ = 0;
   std::vector<Segment*> segs_;  // per rank; nullptr for ranks on other hosts
   std::vector<std::unique_ptr<Connection>> conns_;
+  DoorbellBatch batch_;
+  void pay_owed();
   std::string own_name_;
   bool unlinked_ = false;
   std::vector<int> peer_pids_;
