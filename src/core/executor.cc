@@ -296,6 +296,13 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
 
 namespace {
 std::atomic<uint64_t> g_watch_ready{0}, g_watch_expired{0};  // test counters, this process
+// A plain increment, not a locked one: a locked instruction drains the store
+// buffer like a fence, so at the moment a message is seen it would wait for
+// this rank's own send (its doorbell held) to leave the core. Measured
+// in-process, 2 ranks, 8 B allreduce, slow phase: -1.9..-2.9% per op (5
+// runs); 64 B - 1 KiB unchanged. Increments from threads of one process
+// that wait at once may be lost (the counts are approximate then).
+void bump(std::atomic<uint64_t>& c) { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 }  // namespace
 
 uint64_t Executor::watch_waits_ready() { return g_watch_ready.load(std::memory_order_relaxed); }
@@ -322,12 +329,12 @@ bool Executor::wait_on_watches() {
   for (int k = 0; k < kFastWaitLooks; ++k) {
     for (int i = 0; i < n; ++i)
       if (w[i].word->load(std::memory_order_acquire) >= w[i].at_least) {
-        g_watch_ready.fetch_add(1, std::memory_order_relaxed);
+        bump(g_watch_ready);
         return true;
       }
     _mm_pause();  // without it: +40 ns per op at 64 B - 4 KiB (the sender's stores wait for the line)
   }
-  g_watch_expired.fetch_add(1, std::memory_order_relaxed);
+  bump(g_watch_expired);
   return true;
 }
 

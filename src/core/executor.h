@@ -48,7 +48,8 @@ class Executor {
 
   ExecProgress& progress() { return progress_; }
   // Test counters (this process): idle waits on watch words that ended
-  // because a word was ready, and ones that looked their fill.
+  // because a word was ready, and ones that looked their fill (approximate
+  // when several threads of the process wait at once).
   static uint64_t watch_waits_ready();
   static uint64_t watch_waits_expired();
   // ---- diag: in-band fingerprint of the next run() (nullptr = none); the
