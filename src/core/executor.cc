@@ -332,7 +332,7 @@ bool Executor::wait_on_watches() {
         bump(g_watch_ready);
         return true;
       }
-    _mm_pause();  // without it: +40 ns per op at 64 B - 4 KiB (the sender's stores wait for the line)
+    _mm_pause();  // without it: +40 ns per op at 64 B - 4 KiB (Run 22), +2-6% with held doorbells (Run 25)
   }
   bump(g_watch_expired);
   return true;

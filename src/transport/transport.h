@@ -121,7 +121,8 @@ class Transport {
   // needs a full fence after it): the line moves while the rank goes on.
   // The holder must call ring_owed() before it waits or works long, so a
   // sleeping peer's wake-up is late by no more than that (the executor:
-  // at every idle poll and at the end of every phase).
+  // from a phase's second idle poll on, before overlapped copies, and at
+  // the end of every phase).
   virtual void hold_doorbells() {}
   virtual void ring_owed() {}
   virtual void release_doorbells() {}

@@ -217,6 +217,10 @@ struct ShmTransport::Segment {
   // `waiters` before its last poll (Dekker): one of the two sees the other.
   void ring_if_armed() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    ring_if_waiting();
+  }
+  // The same after a fence the caller already ran (ShmTransport::pay_owed).
+  void ring_if_waiting() {
     if (waiters.load(std::memory_order_relaxed)) {
       doorbell.fetch_add(1, std::memory_order_seq_cst);
       futex(&doorbell, FUTEX_WAKE, INT_MAX, nullptr);
@@ -1140,11 +1144,7 @@ void ShmTransport::pay_owed() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int peer : batch_.owed) {
     batch_.is_owed[peer] = 0;
-    Segment* s = segs_[peer];
-    if (s->waiters.load(std::memory_order_relaxed)) {
-      s->doorbell.fetch_add(1, std::memory_order_seq_cst);
-      futex(&s->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
-    }
+    segs_[peer]->ring_if_waiting();
   }
   batch_.owed.clear();
 }
