@@ -554,10 +554,18 @@ TEST(ShmPaths, IdleReceiverWaitsOnTheArrivalWord) {
   // each): 20 were not always enough beside a busy core (3 and 7 ready waits
   // seen, in ctest -j2 and beside a spinning shell, at this and the previous
   // commit alike; 2 failures in 10 runs of the old build that way).
+  //
+  // Rank 1 starts each message's delay only once rank 0 has posted its
+  // receive: it used to run ahead (a send ends once the bytes are in the
+  // FIFO), and whenever rank 0 lost its core it found every later message
+  // already there, never waiting. Beside a core-hogging process (`yes`)
+  // that left 1-3 ready waits in 200 rounds, failing 5 runs in 8.
   uint64_t ready = 0, expired = 0;
   for (int round = 0; round < 200 && (ready < 10 || expired == 0); ++round) {
     std::vector<std::string> err(2);
     std::vector<std::thread> ts;
+    std::atomic<int> posted{-1};
+    std::atomic<bool> failed{false};
     for (int r = 0; r < 2; ++r)
       ts.emplace_back([&, r] {
         Comm& c = *(*comms)[r];
@@ -565,6 +573,7 @@ TEST(ShmPaths, IdleReceiverWaitsOnTheArrivalWord) {
           std::vector<int32_t> buf(counts[i % 3], -1);
           Status st;
           if (r == 1) {
+            while (posted.load(std::memory_order_acquire) < i && !failed.load()) std::this_thread::yield();
             const auto delay = std::chrono::microseconds(i % 10 == 9 ? 400 : 20);
             for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < delay;) {
             }
@@ -573,6 +582,7 @@ TEST(ShmPaths, IdleReceiverWaitsOnTheArrivalWord) {
             st = w.is_ok() ? w->wait() : w.status();
           } else {
             auto w = c.recv(buf.data(), buf.size(), DataType::kInt32, 1);
+            posted.store(i, std::memory_order_release);
             st = w.is_ok() ? w->wait() : w.status();
             for (size_t k = 0; st.is_ok() && k < buf.size(); ++k)
               if (buf[k] != static_cast<int32_t>(i * 10000 + k)) {
@@ -582,6 +592,7 @@ TEST(ShmPaths, IdleReceiverWaitsOnTheArrivalWord) {
           }
           if (!st.is_ok()) {
             err[r] = st.to_string();
+            failed.store(true);
             c.abort("test failure");
           }
         }
