@@ -340,6 +340,64 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   EXPECT_EQ(leaf[3], 4);
 }
 
+// The 2-rank ring allreduce in slices: phase j sends slice j of its block
+// raw and reduces slice j of the peer's, and forwards slice j-1 of the
+// reduced block from where the reduce just wrote it (while it is in cache),
+// so the reduced half is never re-read whole. One slice: the classic two
+// phases. Correctness for every shape: EveryAlgorithmEveryShape (chunk 3).
+TEST(Schedules, TwoRankRingForwardsEachReducedSliceInTheNextPhase) {
+  auto make = [](int r, size_t count, size_t chunk, RedOp op) {
+    CollArgs a = rooted(Collective::kAllReduce, 2, r, 0, count);
+    a.chunk_elems = chunk;
+    a.op = op;
+    auto s = make_schedule(a, "ring");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return std::move(s).value();
+  };
+  // count 1001: rank 0 owns [0, 501), rank 1 [501, 1001); slices of 100.
+  for (int r = 0; r < 2; ++r) {
+    const RankSchedule s = make(r, 1001, 100, RedOp::kAvg);
+    const size_t theirs_off = r == 0 ? 501 : 0, theirs_len = r == 0 ? 500 : 501;
+    const size_t slices = 6;  // ceil(501 / 100)
+    ASSERT_EQ(s.phases.size(), slices + 1);
+    size_t divided = 0, forwarded = 0;
+    for (size_t j = 0; j < s.phases.size(); ++j) {
+      int sends = 0, recvs = 0, reduces = 0;
+      for (const Step& st : s.phases[j].steps) {
+        if (st.kind == StepKind::kDivide) divided += st.count;
+        if (st.kind == StepKind::kRecvReduce) {
+          ++reduces;
+          EXPECT_EQ(st.dst.offset, theirs_off + j * 100) << "phase " << j << " reduces slice " << j;
+        }
+        if (st.kind == StepKind::kRecv) ++recvs;
+        if (st.kind != StepKind::kSend) continue;
+        ++sends;
+        if (st.src.buf == kBufRecv) {
+          // The forward of the slice the previous phase reduced.
+          ASSERT_GT(j, 0u);
+          EXPECT_EQ(st.src.offset, theirs_off + (j - 1) * 100) << "phase " << j;
+          forwarded += st.count;
+        }
+      }
+      EXPECT_EQ(reduces, j < slices && theirs_off + j * 100 < theirs_off + theirs_len ? 1 : 0) << "phase " << j;
+      EXPECT_LE(sends, 2);
+      EXPECT_LE(recvs, 1);
+    }
+    EXPECT_EQ(forwarded, theirs_len) << "the whole reduced block goes back, slice by slice";
+    EXPECT_EQ(divided, theirs_len) << "avg divides each reduced element once";
+  }
+  // One slice (chunk >= block): reduce-scatter then all-gather, two phases.
+  EXPECT_EQ(make(0, 1001, 501, RedOp::kSum).phases.size(), 2u);
+  EXPECT_EQ(make(1, 1001, 4096, RedOp::kSum).phases.size(), 2u);
+  for (size_t count : {size_t{1}, size_t{2}, size_t{999}, size_t{1001}})
+    for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
+      for (bool in_place : {false, true})
+        EXPECT_EQ(check(*find_algorithm(Collective::kAllReduce, "ring"), 2, count, DataType::kFloat32, RedOp::kAvg,
+                        in_place, 0, chunk),
+                  "")
+            << "count " << count << " chunk " << chunk << (in_place ? " in place" : "");
+}
+
 // The binomial reduce goes far-first on one host: with more ranks than cores
 // (rank r on core r mod cores) the near-first tree's receivers all share the
 // root's parity, so one of 2 cores did 10 of an 8-rank reduce's 14 message
