@@ -329,7 +329,9 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         def cell(i):
             if i not in d: return "-"
             t, bw, w = d[i]
-            v = f"{t:.1f} us" if small else f"{bw:.2f}"
+            # Sub-10 us latencies with two decimals: at one, 0.47 and 0.54 us
+            # both read "0.5 us" beside a ratio of 1.13.
+            v = (f"{t:.2f} us" if t < 10 else f"{t:.1f} us") if small else f"{bw:.2f}"
             return v + (" x" if w else "")
         row = [human(s)] + [cell(i) for i in impls]
         mpis = [d[i][1] for i in ("ompi", "mpich") if i in d and d[i][1] > 0]

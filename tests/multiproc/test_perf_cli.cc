@@ -427,6 +427,24 @@ TEST_F(PerfCli, CompareSummaryPricesTheCopyBound) {
   EXPECT_EQ(ag4[6], "2x = 3.00");
 }
 
+// Latencies below 10 us carry two decimals: with one, Run 26's 8 B allreduce
+// read "0.5 us" against "0.5 us" beside a ratio of 1.13 (0.48 against 0.54).
+TEST_F(PerfCli, CompareSummaryShowsSubMicrosecondLatencies) {
+  Outcome r = summarize("loom,allreduce,2,8,0.476,0.0168,0\nompi,allreduce,2,8,0.539,0.0149,0\n"
+                        "loom,allreduce,2,4096,12.34,0.33,0\nompi,allreduce,2,4096,25.0,0.16,0\n",
+                        "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto small = summary_row(r.out, "allreduce, 2 ranks", "8 B");
+  ASSERT_GE(small.size(), 4u) << r.out;
+  EXPECT_EQ(small[1], "0.48 us") << r.out;
+  EXPECT_EQ(small[2], "0.54 us") << r.out;
+  EXPECT_EQ(small[3], "1.13") << r.out;
+  auto larger = summary_row(r.out, "allreduce, 2 ranks", "4 KiB");
+  ASSERT_GE(larger.size(), 3u) << r.out;
+  EXPECT_EQ(larger[1], "12.3 us") << r.out;
+  EXPECT_EQ(larger[2], "25.0 us") << r.out;
+}
+
 // With mem_bench's cross-core column (c2c_gbps, C) a byte that crosses
 // through shared memory costs a memcpy in and a cross-core copy out,
 // 1 / (1/M + 1/C), not two memcpys (M / 2). Rates by hand at 4 MiB: M = 10,
