@@ -1,6 +1,7 @@
 // Ring family: ring allreduce (= ring reduce-scatter then ring all-gather,
-// composed over the same block layout; at 2 ranks in pipelined slices), ring reduce_scatter, ring all_gather,
-// and the pipelined chain (a ring cut open at the root) for broadcast and reduce.
+// composed over the same block layout; at 2 ranks in pipelined slices), ring
+// reduce_scatter, ring all_gather, and the pipelined chain (a ring cut open
+// at the root) for broadcast and reduce.
 //
 // Within one step, a block streams through the transport's FIFO while the
 // receiver reduces it, so sender copy and receiver reduce overlap; chain

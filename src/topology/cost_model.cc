@@ -558,15 +558,15 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
               (pp - 1) / pp * n * x.g();
           block_chunk();
           // Two ranks on one host go in slices (ring_allreduce) once the
-          // half a rank reduces outgrows a core's cache: each reduced slice is forwarded
-          // from the cache instead of re-read after the whole half. Measured,
-          // 256 KiB slices against whole halves, out of place / in place:
-          // 4 MiB -4..-9% / -6..-8%, 16 MiB medians -1% / -17%, 64 MiB -6% /
-          // -28%, 256 MiB -16% / -25%; at 1 and 2 MiB (halves in cache) 0 to
-          // +10% (performance.md Run 26). Same time in the model: the
-          // slices' extra phases against the re-read it does not price.
-          // Across hosts (not measured) each slice's phase would wait a
-          // network latency: whole halves there.
+          // half a rank reduces outgrows a core's cache: each reduced slice
+          // is forwarded from the cache instead of re-read after the whole
+          // half. Measured, 256 KiB slices against whole halves, out of
+          // place / in place: 4 and 8 MiB within the spread, 16 MiB medians
+          // -1% / -17%, 64 MiB -6% / -28%, 256 MiB -16% / -25%; at 1 and 2
+          // MiB (halves in cache) 0 to +10% (performance.md Run 26). Same
+          // time in the model: the slices' extra phases against the re-read
+          // it does not price. Across hosts (not measured) each slice's
+          // phase would wait a network latency: whole halves there.
           if (p == 2 && c.nhosts == 1 && c.cache_bytes > 0 && m > static_cast<double>(c.cache_bytes))
             chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
           break;

@@ -92,12 +92,6 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
   EXPECT_NEAR(two->us, std::ceil(n / static_cast<double>(two->chunk_bytes)) * a / 2 + n * (b + g), 1e-6);
 }
 
-// The double binary tree allreduce's busiest rank sends and reduces
-// dbtree_max_load halves of the buffer: counted from the schedules tree.cc
-// builds, for every rank count. At 2 ranks that is n bytes, as in a ring, and the model prices
-// the tree's bandwidth like the ring's (regression: it charged 2n, so at 2
-// ranks its predictions were 2-3x the measured times and the ring was chosen
-// where the tree was as fast).
 // Two ranks on one host slice the ring allreduce (ring_allreduce) once the
 // half each rank reduces is larger than a core's cache, so each reduced
 // slice is forwarded from the cache (performance.md Run 26: 16 MiB in place
@@ -121,6 +115,12 @@ TEST(TunerModel, TwoRankRingSlicesOnlyBeyondTheCache) {
   EXPECT_EQ(chunk(16 * MiB, 4, 1, MiB), 4 * MiB) << "more ranks: whole blocks";
 }
 
+// The double binary tree allreduce's busiest rank sends and reduces
+// dbtree_max_load halves of the buffer: counted from the schedules tree.cc
+// builds, for every rank count. At 2 ranks that is n bytes, as in a ring, and the model prices
+// the tree's bandwidth like the ring's (regression: it charged 2n, so at 2
+// ranks its predictions were 2-3x the measured times and the ring was chosen
+// where the tree was as fast).
 TEST(TunerModel, DoubleTreeSendsWhatItsSchedulesSend) {
   for (int p = 2; p <= 17; ++p) {
     size_t most = 0, most_reduced = 0;
