@@ -1,5 +1,5 @@
 // Ring family: ring allreduce (= ring reduce-scatter then ring all-gather,
-// composed over the same block layout; at 2 ranks in pipelined slices), ring
+// composed over the same block layout, in pipelined slices), ring
 // reduce_scatter, ring all_gather, and the pipelined chain (a ring cut open
 // at the root) for broadcast and reduce.
 //
@@ -23,60 +23,49 @@ Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   auto off = [&](int b) { return block_offset(a.count, n, b); };
   auto sz = [&](int b) { return block_size(a.count, n, b); };
-  if (n == 2) {
-    // Two ranks, in slices of the pipelining chunk (NCCL's loop of ring
-    // steps): phase j sends slice j of our block raw and reduces slice j of
-    // the peer's, and forwards slice j-1 of the reduced block while it is
-    // still in this core's cache, receiving the peer's reduced slice j-1.
-    // Unsliced, the forward re-read the whole reduced half after the last
-    // reduce, from memory beyond a cache's size. With one slice this is the
-    // two phases below. Measured, 2 ranks, `-z 1`, us out of place / in
-    // place, whole halves against 256 KiB slices (performance.md Run 26):
-    // 16 MiB 2234 / 1870 -> 1998 / 1491 (5 rounds, medians 2234 / 1870 ->
-    // 2222 / 1552), 64 MiB 9630 / 8458 -> 9021 / 5877, 256 MiB 46076 / 37200
-    // -> 38862 / 28042.
-    const int mine = r, theirs = 1 - r, peer = 1 - r;
-    const size_t ce = chunk_elems(a);
-    const size_t slices = std::max<size_t>(1, (std::max(sz(0), sz(1)) + ce - 1) / ce);
-    auto soff = [&](int b, size_t i) { return off(b) + std::min(sz(b), i * ce); };
-    auto ssz = [&](int b, size_t i) { return std::min(sz(b), (i + 1) * ce) - std::min(sz(b), i * ce); };
-    for (size_t j = 0; j <= slices; ++j) {
-      Phase p;
-      if (j > 0) {
-        // Our slice j-1 of the peer's block is reduced: divide it once (avg)
-        // and forward it; the peer's reduced slice j-1 of ours comes back.
-        const size_t k = j - 1;
-        if (a.op == RedOp::kAvg && ssz(theirs, k)) p.steps.push_back(divide_step({kBufRecv, soff(theirs, k)}, ssz(theirs, k)));
-        if (ssz(theirs, k)) p.steps.push_back(send_step(peer, {kBufRecv, soff(theirs, k)}, ssz(theirs, k)));
-        if (ssz(mine, k)) p.steps.push_back(recv_step(peer, {kBufRecv, soff(mine, k)}, ssz(mine, k)));
+  // Each block goes in slices of the pipelining chunk (NCCL's loop of ring
+  // steps): slice i takes its 2(n-1) steps in phases i .. i+2n-3, so a
+  // phase forwards slices reduced (or received) one phase earlier, while
+  // they are still in this core's cache, next to the steps of newer
+  // slices. With whole blocks (one slice, the cost model's chunk unless the
+  // 2-rank ring outgrows a core's cache) this is reduce-scatter then
+  // all-gather, one step per phase. Unsliced, a step re-read the block the
+  // previous step wrote whole, from memory beyond a cache's size. Measured,
+  // 2 ranks, `-z 1`, us out of place / in place, whole halves against 256
+  // KiB slices (performance.md Run 26): 16 MiB medians of 5 2234 / 1870 ->
+  // 2222 / 1552, 64 MiB 9630 / 8458 -> 9021 / 5877, 256 MiB 46076 / 37200
+  // -> 38862 / 28042.
+  const size_t ce = chunk_elems(a);
+  size_t slices = 1;
+  for (int b = 0; b < n; ++b) slices = std::max(slices, (sz(b) + ce - 1) / ce);
+  auto soff = [&](int b, size_t i) { return off(b) + std::min(sz(b), i * ce); };
+  auto ssz = [&](int b, size_t i) { return std::min(sz(b), (i + 1) * ce) - std::min(sz(b), i * ce); };
+  const size_t steps = 2 * static_cast<size_t>(n - 1);
+  const int owned = mod(r + 1, n);  // fully reduced here after the reduce-scatter steps
+  for (size_t t = 0; t + 1 < slices + steps; ++t) {
+    Phase p;
+    // Older slices first (later steps): both ends of a link list a phase's
+    // messages in the same order.
+    for (size_t i = t >= steps ? t - steps + 1 : 0; i <= t && i < slices; ++i) {
+      const int k = static_cast<int>(t - i);
+      if (k < n - 1) {
+        // Reduce-scatter step k: send block r-k (ours raw at k = 0, else the
+        // partial sum reduced at step k-1), reduce block r-k-1 on receipt.
+        const int sb = mod(r - k, n), rb = mod(r - k - 1, n);
+        if (ssz(sb, i))
+          p.steps.push_back(send_to_reduce_step(next, {k == 0 ? kBufSend : kBufRecv, soff(sb, i)}, ssz(sb, i)));
+        if (ssz(rb, i)) p.steps.push_back(recv_reduce_step(prev, {kBufSend, soff(rb, i)}, {kBufRecv, soff(rb, i)}, ssz(rb, i)));
+      } else {
+        // All-gather step k-(n-1) of the owned blocks; avg divides the owned
+        // slice exactly once, before it is forwarded, so every rank ends
+        // with identical bits.
+        const int g = k - (n - 1), sb = mod(r + 1 - g, n), rb = mod(r - g, n);
+        if (g == 0 && a.op == RedOp::kAvg && ssz(owned, i))
+          p.steps.push_back(divide_step({kBufRecv, soff(owned, i)}, ssz(owned, i)));
+        if (ssz(sb, i)) p.steps.push_back(send_step(next, {kBufRecv, soff(sb, i)}, ssz(sb, i)));
+        if (ssz(rb, i)) p.steps.push_back(recv_step(prev, {kBufRecv, soff(rb, i)}, ssz(rb, i)));
       }
-      if (j < slices) {
-        if (ssz(mine, j)) p.steps.push_back(send_to_reduce_step(peer, {kBufSend, soff(mine, j)}, ssz(mine, j)));
-        if (ssz(theirs, j))
-          p.steps.push_back(recv_reduce_step(peer, {kBufSend, soff(theirs, j)}, {kBufRecv, soff(theirs, j)}, ssz(theirs, j)));
-      }
-      push_phase(s, std::move(p));
     }
-    return s;
-  }
-  // Reduce-scatter: at step k rank r sends block r-k and reduces block r-k-1;
-  // after n-1 steps it owns the fully reduced block r+1.
-  for (int k = 0; k < n - 1; ++k) {
-    Phase p;
-    int sb = mod(r - k, n), rb = mod(r - k - 1, n);
-    if (sz(sb)) p.steps.push_back(send_to_reduce_step(next, {k == 0 ? kBufSend : kBufRecv, off(sb)}, sz(sb)));
-    if (sz(rb)) p.steps.push_back(recv_reduce_step(prev, {kBufSend, off(rb)}, {kBufRecv, off(rb)}, sz(rb)));
-    push_phase(s, std::move(p));
-  }
-  // All-gather of the owned blocks; avg divides the owned block exactly once,
-  // before it is forwarded, so every rank ends with identical bits.
-  const int owned = mod(r + 1, n);
-  for (int k = 0; k < n - 1; ++k) {
-    Phase p;
-    if (k == 0 && a.op == RedOp::kAvg && sz(owned)) p.steps.push_back(divide_step({kBufRecv, off(owned)}, sz(owned)));
-    int sb = mod(r + 1 - k, n), rb = mod(r - k, n);
-    if (sz(sb)) p.steps.push_back(send_step(next, {kBufRecv, off(sb)}, sz(sb)));
-    if (sz(rb)) p.steps.push_back(recv_step(prev, {kBufRecv, off(rb)}, sz(rb)));
     push_phase(s, std::move(p));
   }
   return s;

@@ -556,18 +556,25 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           const double b = r.beta_us_per_byte;
           t = (pp - 1) * (2 * r.alpha_us + x.move(m, b, Land::kReduce) + x.move(m, b, Land::kStore)) +
               (pp - 1) / pp * n * x.g();
-          block_chunk();
-          // Two ranks on one host go in slices (ring_allreduce) once the
-          // half a rank reduces outgrows a core's cache: each reduced slice
-          // is forwarded from the cache instead of re-read after the whole
-          // half. Measured, 256 KiB slices against whole halves, out of
-          // place / in place: 4 and 8 MiB within the spread, 16 MiB medians
-          // -1% / -17%, 64 MiB -6% / -28%, 256 MiB -16% / -25%; at 1 and 2
-          // MiB (halves in cache) 0 to +10% (performance.md Run 26). Same
-          // time in the model: the slices' extra phases against the re-read
-          // it does not price. Across hosts (not measured) each slice's
-          // phase would wait a network latency: whole halves there.
-          if (p == 2 && c.nhosts == 1 && c.cache_bytes > 0 && m > static_cast<double>(c.cache_bytes))
+          // The ring's slices (ring_allreduce): whole blocks, however many
+          // channels, except on one host once a block outgrows a core's
+          // cache: then each reduced (or received) slice is forwarded from
+          // the cache instead of re-read after the whole block. Measured,
+          // 256 KiB slices against whole blocks, out of place / in place
+          // (performance.md Run 26): 2 ranks 4 and 8 MiB within the spread,
+          // 16 MiB medians -1% / -17%, 64 MiB -6% / -28%, 256 MiB -16% /
+          // -25%, at 1 and 2 MiB (blocks in cache) 0 to +10%; ring forced,
+          // 4 rounds in two sittings, us: 4 ranks on 2 cores 16 MiB
+          // 9010-11121 / 7785-10963 -> 6572-6680 (one 13676) / 5372-6472,
+          // 64 MiB 50222-59782 / 43419-46391 -> 26509-30080 / 19913-26396;
+          // 8 ranks 16 MiB 24020-26486 / 22277-24109 -> 22042-25853 /
+          // 18367-20054, 64 MiB 103482-119687 / 74709-101769 -> 90169-117406
+          // / 81141-102380. Same time in the model:
+          // the slices' extra phases against the re-read it does not price.
+          // Across hosts (not measured) each slice's phase would wait a
+          // network latency: whole blocks there.
+          chunk = static_cast<size_t>(std::ceil(n / pp));
+          if (c.nhosts == 1 && c.cache_bytes > 0 && m > static_cast<double>(c.cache_bytes))
             chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
           break;
         }

@@ -340,12 +340,13 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   EXPECT_EQ(leaf[3], 4);
 }
 
-// The 2-rank ring allreduce in slices: phase j sends slice j of its block
-// raw and reduces slice j of the peer's, and forwards slice j-1 of the
+// The ring allreduce in slices: at 2 ranks phase j sends slice j of its
+// block raw and reduces slice j of the peer's, and forwards slice j-1 of the
 // reduced block from where the reduce just wrote it (while it is in cache),
 // so the reduced half is never re-read whole. One slice: the classic two
-// phases. Correctness for every shape: EveryAlgorithmEveryShape (chunk 3).
-TEST(Schedules, TwoRankRingForwardsEachReducedSliceInTheNextPhase) {
+// phases (2(n-1) at n ranks). Correctness for every shape and rank count:
+// EveryAlgorithmEveryShape (chunk 3) and the loop at the end.
+TEST(Schedules, RingForwardsEachReducedSliceInTheNextPhase) {
   auto make = [](int r, size_t count, size_t chunk, RedOp op) {
     CollArgs a = rooted(Collective::kAllReduce, 2, r, 0, count);
     a.chunk_elems = chunk;
@@ -389,13 +390,22 @@ TEST(Schedules, TwoRankRingForwardsEachReducedSliceInTheNextPhase) {
   // One slice (chunk >= block): reduce-scatter then all-gather, two phases.
   EXPECT_EQ(make(0, 1001, 501, RedOp::kSum).phases.size(), 2u);
   EXPECT_EQ(make(1, 1001, 4096, RedOp::kSum).phases.size(), 2u);
-  for (size_t count : {size_t{1}, size_t{2}, size_t{999}, size_t{1001}})
-    for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
-      for (bool in_place : {false, true})
-        EXPECT_EQ(check(*find_algorithm(Collective::kAllReduce, "ring"), 2, count, DataType::kFloat32, RedOp::kAvg,
-                        in_place, 0, chunk),
-                  "")
-            << "count " << count << " chunk " << chunk << (in_place ? " in place" : "");
+  // n ranks, whole blocks: 2(n-1) phases; k slices: k + 2(n-1) - 1.
+  for (int n : {3, 5}) {
+    CollArgs a = rooted(Collective::kAllReduce, n, 1, 0, 1000);
+    a.chunk_elems = 1000;
+    EXPECT_EQ(make_schedule(a, "ring")->phases.size(), 2u * (n - 1)) << n;
+    a.chunk_elems = 50;  // blocks of 200 (n = 5) or 333-334 (n = 3)
+    EXPECT_EQ(make_schedule(a, "ring")->phases.size(), (n == 5 ? 4u : 7u) + 2 * (n - 1) - 1) << n;
+  }
+  for (int n : {2, 3, 4, 7})
+    for (size_t count : {size_t{1}, size_t{2}, size_t{999}, size_t{1001}})
+      for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
+        for (bool in_place : {false, true})
+          EXPECT_EQ(check(*find_algorithm(Collective::kAllReduce, "ring"), n, count, DataType::kFloat32,
+                          RedOp::kAvg, in_place, 0, chunk),
+                    "")
+              << "n " << n << " count " << count << " chunk " << chunk << (in_place ? " in place" : "");
 }
 
 // The binomial reduce goes far-first on one host: with more ranks than cores
