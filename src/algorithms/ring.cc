@@ -27,8 +27,8 @@ Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   // steps): slice i takes its 2(n-1) steps in phases i .. i+2n-3, so a
   // phase forwards slices reduced (or received) one phase earlier, while
   // they are still in this core's cache, next to the steps of newer
-  // slices. With whole blocks (one slice, the cost model's chunk unless the
-  // 2-rank ring outgrows a core's cache) this is reduce-scatter then
+  // slices. With whole blocks (one slice: the cost model's chunk unless a
+  // block outgrows a core's cache on one host) this is reduce-scatter then
   // all-gather, one step per phase. Unsliced, a step re-read the block the
   // previous step wrote whole, from memory beyond a cache's size. Measured,
   // 2 ranks, `-z 1`, us out of place / in place, whole halves against 256

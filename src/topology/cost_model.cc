@@ -569,10 +569,11 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // 64 MiB 50222-59782 / 43419-46391 -> 26509-30080 / 19913-26396;
           // 8 ranks 16 MiB 24020-26486 / 22277-24109 -> 22042-25853 /
           // 18367-20054, 64 MiB 103482-119687 / 74709-101769 -> 90169-117406
-          // / 81141-102380. Same time in the model:
-          // the slices' extra phases against the re-read it does not price.
-          // Across hosts (not measured) each slice's phase would wait a
-          // network latency: whole blocks there.
+          // / 81141-102380. Same time in the model: the slices' extra
+          // phases against the re-read it does not price (so Rabenseifner,
+          // priced alike, stays chosen at 4-8 ranks here). Across hosts (not
+          // measured) each slice's phase would wait a network latency: whole
+          // blocks there.
           chunk = static_cast<size_t>(std::ceil(n / pp));
           if (c.nhosts == 1 && c.cache_bytes > 0 && m > static_cast<double>(c.cache_bytes))
             chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
