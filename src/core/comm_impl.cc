@@ -389,8 +389,12 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
     if (sel.is_ok()) {
       chosen = sel->algorithm;
       // The model's pipelining chunk, unless LOOM_CHUNK_BYTES pins one.
+      // Rounded up: a chunk of a whole block in bytes (ring, Rabenseifner)
+      // must stay at least a block in elements, or the block would go in
+      // two slices, the second of one element, and the op would take an
+      // extra phase (regression: TunerSizes.AWholeBlockChunkIsOneSlice).
       if (sel->chunk_bytes && !env_raw("LOOM_CHUNK_BYTES"))
-        args.chunk_elems = std::max<size_t>(1, sel->chunk_bytes / dtype_size(a.dt));
+        args.chunk_elems = std::max<size_t>(1, (sel->chunk_bytes + dtype_size(a.dt) - 1) / dtype_size(a.dt));
       LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us, chunk {} B{})", name_, rank_,
                 collective_name(a.coll), bytes, a.in_place ? " in place" : "", chosen, sel->source, sel->predicted_us,
                 args.chunk_elems ? args.chunk_elems * dtype_size(a.dt) : params::chunk_bytes(),  // LOOM_CHUNK_BYTES

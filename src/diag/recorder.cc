@@ -10,6 +10,9 @@
 #include <atomic>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
+
+#include "algorithms/algorithms.h"
 
 namespace loom::diag {
 
@@ -172,6 +175,23 @@ void FlightRecorder::on_end(uint64_t seq, bool ok) {
   e.state.store(static_cast<int>(ok ? OpState::kCompleted : OpState::kFailed), std::memory_order_release);
 }
 
+namespace {
+
+// The entry keeps an algorithm name's first 8 characters (one word, written
+// on the op's path); a dump shows the registered name they begin
+// ("rabenseifner", not "rabensei"), or the 8 characters when none does.
+std::string algo_full_name(uint64_t word) {
+  char prefix[9] = {};
+  std::memcpy(prefix, &word, 8);
+  const size_t len = std::strlen(prefix);
+  if (len == 8)
+    for (const Algorithm& a : all_algorithms())
+      if (std::strncmp(a.name, prefix, 8) == 0) return a.name;
+  return prefix;
+}
+
+}  // namespace
+
 nlohmann::json FlightRecorder::to_json() const {
   nlohmann::json out = nlohmann::json::array();
   if (!cap_) return out;
@@ -200,10 +220,7 @@ nlohmann::json FlightRecorder::to_json() const {
       j["op"] = redop_name(static_cast<RedOp>(e.op.load()));
       j["root"] = e.root.load();
     }
-    uint64_t a = e.algo.load();
-    char name[9] = {};
-    std::memcpy(name, &a, 8);
-    j["algo"] = name;
+    j["algo"] = algo_full_name(e.algo.load());
     j["state"] = op_state_name(static_cast<OpState>(e.state.load()));
     j["nphases"] = e.nphases.load();
     j["enqueued_ns"] = e.t_enq.load();

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "algorithms/algorithms.h"
 #include "common/test_util.h"
 #include "core/comm_impl.h"
@@ -89,6 +91,51 @@ TEST(TunerSizes, BlockCollectivesAreSizedAsTheModelCounts) {
   unsetenv("LOOM_DEBUG_FILE");
   unsetenv("LOOM_TUNE_HAND_OFF");
   std::remove(log.c_str());
+}
+
+// The model gives the ring and Rabenseifner a whole block as their chunk
+// (in bytes) while blocks fit a core's cache: the op must then run unsliced.
+// Regression: the bytes were rounded down to elements, so a block one element
+// longer than count / p (1001 floats: blocks of 501 / 500 at 2 ranks, 251 /
+// 250 at 4) went in two slices, the second of one element: an extra phase.
+TEST(TunerSizes, AWholeBlockChunkIsOneSlice) {
+  struct Case {
+    const char* algo;
+    int n;
+    int phases;  // 2 (n - 1) ring steps, 2 log2(n) Rabenseifner steps
+  };
+  for (const Case& k : {Case{"ring", 2, 2}, Case{"rabenseifner", 4, 4}}) {
+    setenv("LOOM_ALGO", (std::string("allreduce:") + k.algo).c_str(), 1);
+    for (size_t count : {size_t{1001}, size_t{1000}, size_t{1003}}) {
+      auto comms = Comm::init_all(k.n);
+      ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+      std::vector<std::vector<float>> in(k.n, std::vector<float>(count)), out(k.n, std::vector<float>(count));
+      for (int r = 0; r < k.n; ++r)
+        for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>(r + 1) + static_cast<float>(i % 7);
+      std::vector<std::thread> ts;
+      std::vector<std::string> err(k.n);
+      for (int r = 0; r < k.n; ++r)
+        ts.emplace_back([&, r] {
+          auto w = (*comms)[r]->allreduce(in[r].data(), out[r].data(), count, DataType::kFloat32, RedOp::kSum);
+          Status st = w.is_ok() ? w->wait() : w.status();
+          if (!st.is_ok()) err[r] = st.to_string();
+        });
+      for (auto& t : ts) t.join();
+      for (int r = 0; r < k.n; ++r) {
+        ASSERT_EQ(err[r], "") << "rank " << r;
+        const nlohmann::json ops = (*comms)[r]->impl()->diag_state()["ops"];
+        ASSERT_FALSE(ops.empty());
+        const nlohmann::json& op = ops.back();
+        EXPECT_EQ(op["algo"], k.algo);
+        EXPECT_EQ(op["nphases"], k.phases) << k.algo << " " << k.n << " ranks, " << count << " floats, rank " << r;
+        const float want = static_cast<float>(k.n * (k.n + 1) / 2);
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[r][i], want + static_cast<float>(k.n * static_cast<int>(i % 7))) << "rank " << r << " at " << i;
+      }
+      for (auto& c : *comms) (void)c->destroy();
+    }
+  }
+  unsetenv("LOOM_ALGO");
 }
 
 }  // namespace
