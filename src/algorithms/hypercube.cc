@@ -135,25 +135,30 @@ Result<RankSchedule> halving_reduce_scatter(const CollArgs& a) {
   // reduces straight into the output (as the ring's last step does) instead
   // of into W and a copy after it. A folded core (two members) keeps the copy.
   const bool one_member = !(r < 2 * f.extra);
-  bool in_output = false;
-  for (int mask = f.p2 / 2; mask >= 1; mask /= 2) {
+  const int L2 = log2_exact(f.p2);
+  // In columns (patterns.h), as rabenseifner_allreduce: piece i of every
+  // member's block, each column's log2(p2) steps in phases i .. i + log2(p2) - 1.
+  const auto cols = make_columns([c](int b) { return static_cast<size_t>(b) * c; }, n, chunk_elems(a));
+  const BufRef first = cur;
+  emit_column_phases(s, std::move(pending), cols.count(), static_cast<size_t>(L2), [&](Phase& p, size_t i, int j) {
+    const int mask = f.p2 >> (j + 1);
     const int base = core & ~(2 * mask - 1);
     const bool upper = core & mask;
     const int keep_lo = upper ? base + mask : base, give_lo = upper ? base : base + mask;
-    const size_t k0 = first_member_or_end(f, keep_lo), k1 = first_member_or_end(f, keep_lo + mask);
-    const size_t g0 = first_member_or_end(f, give_lo), g1 = first_member_or_end(f, give_lo + mask);
+    const int k0 = first_member_or_end(f, keep_lo), k1 = first_member_or_end(f, keep_lo + mask);
+    const int g0 = first_member_or_end(f, give_lo), g1 = first_member_or_end(f, give_lo + mask);
     const int peer = f.member_of(core ^ mask);
-    Phase p = std::move(pending);
-    pending = Phase{};
-    p.steps.push_back(send_to_reduce_step(peer, at(cur, g0 * c), (g1 - g0) * c));
-    in_output = mask == 1 && one_member;
-    const BufRef dst = in_output ? BufRef{kBufRecv, 0} : at(w, k0 * c);
-    p.steps.push_back(recv_reduce_step(peer, at(cur, k0 * c), dst, (k1 - k0) * c));
-    push_phase(s, std::move(p));
-    cur = w;
-  }
-  // The output, or W (cur), now holds the finished block(s) of this core's member(s).
-  if (!in_output) pending.steps.push_back(copy_step(at(cur, r * c), {kBufRecv, 0}, c));
+    const BufRef src = j == 0 ? first : w;
+    const bool in_output = mask == 1 && one_member;  // kept: this rank's block alone
+    cols.pieces(g0, g1, i, [&](size_t o, size_t m) { p.steps.push_back(send_to_reduce_step(peer, at(src, o), m)); });
+    cols.pieces(k0, k1, i, [&](size_t o, size_t m) {
+      const BufRef dst = in_output ? BufRef{kBufRecv, o - static_cast<size_t>(k0) * c} : at(w, o);
+      p.steps.push_back(recv_reduce_step(peer, at(src, o), dst, m));
+    });
+  });
+  pending = Phase{};
+  // The output, or W, now holds the finished block(s) of this core's member(s).
+  if (!one_member) pending.steps.push_back(copy_step(at(w, r * c), {kBufRecv, 0}, c));
   if (avg) pending.steps.push_back(divide_step({kBufRecv, 0}, c));
   if (r < 2 * f.extra) {
     if (avg) pending.steps.push_back(divide_step(at(w, (r - 1) * c), c));
@@ -181,8 +186,8 @@ Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a) {
     return s;
   }
   // The vector is cut into p2 blocks; core c ends the halving owning block c.
-  auto boff = [&](int b) { return block_offset(a.count, f.p2, b); };
-  auto bend = [&](int b) { return b >= f.p2 ? a.count : block_offset(a.count, f.p2, b); };
+  // Block b starts at bstart(b); bstart(p2) is the end.
+  auto bstart = [&](int b) { return b >= f.p2 ? a.count : block_offset(a.count, f.p2, b); };
   BufRef cur{kBufSend, 0};
   Phase pending;
   if (r < 2 * f.extra) {
@@ -194,32 +199,41 @@ Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a) {
     cur = out;
   }
   const int core = f.core_of(r);
-  for (int mask = f.p2 / 2; mask >= 1; mask /= 2) {
-    const int base = core & ~(2 * mask - 1);
-    const bool upper = core & mask;
-    const int keep_lo = upper ? base + mask : base, give_lo = upper ? base : base + mask;
-    const int peer = f.member_of(core ^ mask);
-    Phase p = std::move(pending);
-    pending = Phase{};
-    const size_t g0 = boff(give_lo), g1 = bend(give_lo + mask), k0 = boff(keep_lo), k1 = bend(keep_lo + mask);
-    if (g1 > g0) p.steps.push_back(send_to_reduce_step(peer, at(cur, g0), g1 - g0));
-    if (k1 > k0) p.steps.push_back(recv_reduce_step(peer, at(cur, k0), at(out, k0), k1 - k0));
-    push_phase(s, std::move(p));
-    cur = out;
-  }
-  if (a.op == RedOp::kAvg && bend(core + 1) > boff(core))
-    pending.steps.push_back(divide_step(at(out, boff(core)), bend(core + 1) - boff(core)));
-  // All-gather by doubling, the mirror image of the halving.
-  for (int mask = 1; mask < f.p2; mask *= 2) {
+  const int L2 = log2_exact(f.p2);
+  // In columns (patterns.h): column i is a Rabenseifner of its own over piece
+  // i of every block, its 2 log2(p2) steps in phases i .. i + 2 log2(p2) - 1.
+  // Unsliced, the second halving step re-read the half reduced in the first
+  // from memory once that half outgrew the cache. The cost model's chunk is
+  // a whole block (one column) unless it does, on one host.
+  const auto cols = make_columns(bstart, f.p2, chunk_elems(a));
+  const BufRef first = cur;  // the halving's first source: the input, or the fold's sum
+  emit_column_phases(s, std::move(pending), cols.count(), 2 * static_cast<size_t>(L2), [&](Phase& p, size_t i, int j) {
+    if (j < L2) {
+      // Halving, far-first: keep half the current range of blocks, reduce
+      // it with the partner's, send the partner the other half.
+      const int mask = f.p2 >> (j + 1);
+      const int base = core & ~(2 * mask - 1);
+      const bool upper = core & mask;
+      const int keep_lo = upper ? base + mask : base, give_lo = upper ? base : base + mask;
+      const int peer = f.member_of(core ^ mask);
+      const BufRef src = j == 0 ? first : out;
+      cols.pieces(give_lo, give_lo + mask, i,
+                  [&](size_t o, size_t c) { p.steps.push_back(send_to_reduce_step(peer, at(src, o), c)); });
+      cols.pieces(keep_lo, keep_lo + mask, i,
+                  [&](size_t o, size_t c) { p.steps.push_back(recv_reduce_step(peer, at(src, o), at(out, o), c)); });
+      return;
+    }
+    // All-gather by doubling, the mirror image of the halving; avg divides
+    // the owned block's piece once, before it is sent.
+    const int mask = 1 << (j - L2);
+    if (j == L2 && a.op == RedOp::kAvg)
+      cols.pieces(core, core + 1, i, [&](size_t o, size_t c) { p.steps.push_back(divide_step(at(out, o), c)); });
     const int mine = core & ~(mask - 1), theirs = (core ^ mask) & ~(mask - 1);
     const int peer = f.member_of(core ^ mask);
-    Phase p = std::move(pending);
-    pending = Phase{};
-    const size_t m0 = boff(mine), m1 = bend(mine + mask), t0 = boff(theirs), t1 = bend(theirs + mask);
-    if (m1 > m0) p.steps.push_back(send_step(peer, at(out, m0), m1 - m0));
-    if (t1 > t0) p.steps.push_back(recv_step(peer, at(out, t0), t1 - t0));
-    push_phase(s, std::move(p));
-  }
+    cols.pieces(mine, mine + mask, i, [&](size_t o, size_t c) { p.steps.push_back(send_step(peer, at(out, o), c)); });
+    cols.pieces(theirs, theirs + mask, i, [&](size_t o, size_t c) { p.steps.push_back(recv_step(peer, at(out, o), c)); });
+  });
+  pending = Phase{};
   if (r < 2 * f.extra) pending.steps.push_back(send_step(r - 1, out, a.count));
   push_phase(s, std::move(pending));
   return s;

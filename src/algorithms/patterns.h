@@ -9,6 +9,7 @@
 // the whole communicator (group = 0..n-1) or over the ranks of one host.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -48,6 +49,58 @@ RankSchedule local_only(const CollArgs& a, size_t count, const char* name);
 size_t chunk_elems(const CollArgs& a);
 
 std::vector<int> iota_group(int n);
+
+// Columns (NCCL's loop of steps): a vector cut into blocks, block b spanning
+// [start(b), start(b + 1)), each block in pieces of `chunk` elements; column
+// i is piece i of every block. A ring or halving/doubling schedule run once
+// per column, column i's step j in phase i + j (emit_column_phases), sends in
+// each phase what the previous one reduced or received, while it is still in
+// the core's cache. One column (chunk >= every block) is the plain schedule.
+template <class Start>
+struct Columns {
+  Start start;  // start(b) for b in [0, nblocks]; start(nblocks) is the vector's end
+  int nblocks;
+  size_t chunk;
+  size_t len(int b) const { return start(b + 1) - start(b); }
+  size_t count() const {
+    size_t c = 1;
+    for (int b = 0; b < nblocks; ++b) c = std::max(c, (len(b) + chunk - 1) / chunk);
+    return c;
+  }
+  // Column i's pieces of blocks [lo, hi), adjacent ones as one: emit(offset, count).
+  template <class Emit>
+  void pieces(int lo, int hi, size_t i, Emit&& emit) const {
+    size_t run0 = 0, run1 = 0;
+    for (int b = lo; b < hi; ++b) {
+      const size_t s0 = start(b) + std::min(len(b), i * chunk), s1 = start(b) + std::min(len(b), (i + 1) * chunk);
+      if (s1 == s0) continue;
+      if (run1 > run0 && s0 == run1) {
+        run1 = s1;
+        continue;
+      }
+      if (run1 > run0) emit(run0, run1 - run0);
+      run0 = s0, run1 = s1;
+    }
+    if (run1 > run0) emit(run0, run1 - run0);
+  }
+};
+template <class Start>
+Columns<Start> make_columns(Start start, int nblocks, size_t chunk) {
+  return {start, nblocks, std::max<size_t>(chunk, 1)};
+}
+
+// Appends the phases of `cols` columns of `steps` steps each: phase t runs
+// step(phase, i, j) for column i's step j = t - i, older columns (later
+// steps) first, so both ends of a link list a phase's messages in one order.
+// The first phase starts with the steps of `head`.
+template <class StepFn>
+void emit_column_phases(RankSchedule& s, Phase head, size_t cols, size_t steps, StepFn&& step) {
+  for (size_t t = 0; t + 1 < cols + steps; ++t) {
+    Phase p = t == 0 ? std::move(head) : Phase{};
+    for (size_t i = t >= steps ? t - steps + 1 : 0; i <= t && i < cols; ++i) step(p, i, static_cast<int>(t - i));
+    push_phase(s, std::move(p));
+  }
+}
 
 // The binary tree (core/btree.h): leaves are the odd positions.
 using loom::btree_depth;

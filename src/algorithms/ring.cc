@@ -22,7 +22,6 @@ Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   s.algorithm = "ring";
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   auto off = [&](int b) { return block_offset(a.count, n, b); };
-  auto sz = [&](int b) { return block_size(a.count, n, b); };
   // Each block goes in slices of the pipelining chunk (NCCL's loop of ring
   // steps): slice i takes its 2(n-1) steps in phases i .. i+2n-3, so a
   // phase forwards slices reduced (or received) one phase earlier, while
@@ -35,39 +34,30 @@ Result<RankSchedule> ring_allreduce(const CollArgs& a) {
   // KiB slices (performance.md Run 26): 16 MiB medians of 5 2234 / 1870 ->
   // 2222 / 1552, 64 MiB 9630 / 8458 -> 9021 / 5877, 256 MiB 46076 / 37200
   // -> 38862 / 28042.
-  const size_t ce = chunk_elems(a);
-  size_t slices = 1;
-  for (int b = 0; b < n; ++b) slices = std::max(slices, (sz(b) + ce - 1) / ce);
-  auto soff = [&](int b, size_t i) { return off(b) + std::min(sz(b), i * ce); };
-  auto ssz = [&](int b, size_t i) { return std::min(sz(b), (i + 1) * ce) - std::min(sz(b), i * ce); };
-  const size_t steps = 2 * static_cast<size_t>(n - 1);
+  const auto cols = make_columns([&](int b) { return off(b); }, n, chunk_elems(a));
   const int owned = mod(r + 1, n);  // fully reduced here after the reduce-scatter steps
-  for (size_t t = 0; t + 1 < slices + steps; ++t) {
-    Phase p;
-    // Older slices first (later steps): both ends of a link list a phase's
-    // messages in the same order.
-    for (size_t i = t >= steps ? t - steps + 1 : 0; i <= t && i < slices; ++i) {
-      const int k = static_cast<int>(t - i);
-      if (k < n - 1) {
-        // Reduce-scatter step k: send block r-k (ours raw at k = 0, else the
-        // partial sum reduced at step k-1), reduce block r-k-1 on receipt.
-        const int sb = mod(r - k, n), rb = mod(r - k - 1, n);
-        if (ssz(sb, i))
-          p.steps.push_back(send_to_reduce_step(next, {k == 0 ? kBufSend : kBufRecv, soff(sb, i)}, ssz(sb, i)));
-        if (ssz(rb, i)) p.steps.push_back(recv_reduce_step(prev, {kBufSend, soff(rb, i)}, {kBufRecv, soff(rb, i)}, ssz(rb, i)));
-      } else {
-        // All-gather step k-(n-1) of the owned blocks; avg divides the owned
-        // slice exactly once, before it is forwarded, so every rank ends
-        // with identical bits.
-        const int g = k - (n - 1), sb = mod(r + 1 - g, n), rb = mod(r - g, n);
-        if (g == 0 && a.op == RedOp::kAvg && ssz(owned, i))
-          p.steps.push_back(divide_step({kBufRecv, soff(owned, i)}, ssz(owned, i)));
-        if (ssz(sb, i)) p.steps.push_back(send_step(next, {kBufRecv, soff(sb, i)}, ssz(sb, i)));
-        if (ssz(rb, i)) p.steps.push_back(recv_step(prev, {kBufRecv, soff(rb, i)}, ssz(rb, i)));
-      }
+  emit_column_phases(s, Phase{}, cols.count(), 2 * static_cast<size_t>(n - 1), [&](Phase& p, size_t i, int k) {
+    if (k < n - 1) {
+      // Reduce-scatter step k: send block r-k (ours raw at k = 0, else the
+      // partial sum reduced at step k-1), reduce block r-k-1 on receipt.
+      const int sb = mod(r - k, n), rb = mod(r - k - 1, n);
+      cols.pieces(sb, sb + 1, i, [&](size_t o, size_t m) {
+        p.steps.push_back(send_to_reduce_step(next, {k == 0 ? kBufSend : kBufRecv, o}, m));
+      });
+      cols.pieces(rb, rb + 1, i, [&](size_t o, size_t m) {
+        p.steps.push_back(recv_reduce_step(prev, {kBufSend, o}, {kBufRecv, o}, m));
+      });
+      return;
     }
-    push_phase(s, std::move(p));
-  }
+    // All-gather step k-(n-1) of the owned blocks; avg divides the owned
+    // slice exactly once, before it is forwarded, so every rank ends with
+    // identical bits.
+    const int g = k - (n - 1), sb = mod(r + 1 - g, n), rb = mod(r - g, n);
+    if (g == 0 && a.op == RedOp::kAvg)
+      cols.pieces(owned, owned + 1, i, [&](size_t o, size_t m) { p.steps.push_back(divide_step({kBufRecv, o}, m)); });
+    cols.pieces(sb, sb + 1, i, [&](size_t o, size_t m) { p.steps.push_back(send_step(next, {kBufRecv, o}, m)); });
+    cols.pieces(rb, rb + 1, i, [&](size_t o, size_t m) { p.steps.push_back(recv_step(prev, {kBufRecv, o}, m)); });
+  });
   return s;
 }
 

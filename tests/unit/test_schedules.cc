@@ -408,6 +408,103 @@ TEST(Schedules, RingForwardsEachReducedSliceInTheNextPhase) {
               << "n " << n << " count " << count << " chunk " << chunk << (in_place ? " in place" : "");
 }
 
+// Rabenseifner in columns (rabenseifner_allreduce): column i (piece i of
+// every block) takes its 2 log2(p2) steps in phases i .. i + 2 log2(p2) - 1,
+// so every element a phase sends from the output was written or sent by this
+// rank in the phase before (still in its cache), and each block's piece is
+// reduced once, received once. One column: the plain algorithm, one message
+// each way per step.
+TEST(Schedules, RabenseifnerSendsWhatThePreviousPhaseTouched) {
+  auto make = [](int n, int r, size_t count, size_t chunk, RedOp op = RedOp::kSum) {
+    CollArgs a = rooted(Collective::kAllReduce, n, r, 0, count);
+    a.chunk_elems = chunk;
+    a.op = op;
+    auto s = make_schedule(a, "rabenseifner");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return std::move(s).value();
+  };
+  // 4 ranks, 1000 elements: blocks of 250, columns of 100 (3 columns).
+  for (int r = 0; r < 4; ++r) {
+    const size_t count = 1000;
+    const RankSchedule s = make(4, r, count, 100, RedOp::kAvg);
+    ASSERT_EQ(s.phases.size(), 3u + 4 - 1);
+    std::vector<int> touched_prev(count, 0), reduced(count, 0), received(count, 0), divided(count, 0);
+    for (size_t t = 0; t < s.phases.size(); ++t) {
+      std::vector<int> touched(count, 0);
+      for (const Step& st : s.phases[t].steps) {
+        ASSERT_LE(st.count, 100u) << "phase " << t << ": one piece of one block per message";
+        for (size_t e = 0; e < st.count; ++e) {
+          if (st.kind == StepKind::kSend) {
+            if (st.src.buf == kBufRecv) {
+              ASSERT_TRUE(touched_prev[st.src.offset + e]) << "phase " << t << " sends " << st.src.offset + e;
+            }
+            touched[st.src.offset + e] = 1;
+          }
+          if (st.kind == StepKind::kRecvReduce) reduced[st.dst.offset + e]++, touched[st.dst.offset + e] = 1;
+          if (st.kind == StepKind::kRecv) received[st.dst.offset + e]++, touched[st.dst.offset + e] = 1;
+          if (st.kind == StepKind::kDivide) divided[st.dst.offset + e]++, touched[st.dst.offset + e] = 1;
+        }
+      }
+      touched_prev = touched;
+    }
+    // Block r: reduced in both halving steps, divided once, never received;
+    // its partner's block (r ^ 1) reduced once, then received; the other
+    // half received.
+    for (size_t e = 0; e < count; ++e) {
+      const int b = static_cast<int>(e / 250);
+      ASSERT_EQ(reduced[e], b == r ? 2 : b == (r ^ 1) ? 1 : 0) << "rank " << r << " element " << e;
+      ASSERT_EQ(received[e], b == r ? 0 : 1) << "rank " << r << " element " << e;
+      ASSERT_EQ(divided[e], b == r ? 1 : 0) << "rank " << r << " element " << e;
+    }
+  }
+  // reduce_scatter's halving alike: 4 ranks, blocks of 250, columns of 100;
+  // what a phase sends from the working copy (scratch) it reduced in the
+  // phase before; this rank's block lands in the output, reduced twice.
+  for (int r = 0; r < 4; ++r) {
+    CollArgs a = rooted(Collective::kReduceScatter, 4, r, 0, 250);
+    a.chunk_elems = 100;
+    auto rs = make_schedule(a, "rabenseifner");
+    ASSERT_TRUE(rs.is_ok());
+    ASSERT_EQ(rs->phases.size(), 3u + 2 - 1);
+    std::vector<int> reduced_prev(1000, 0), in_output(250, 0);
+    for (size_t t = 0; t < rs->phases.size(); ++t) {
+      std::vector<int> reduced(1000, 0);
+      for (const Step& st : rs->phases[t].steps) {
+        ASSERT_LE(st.count, 100u);
+        for (size_t e = 0; e < st.count; ++e) {
+          if (st.kind == StepKind::kSend && st.src.buf == kBufScratch) {
+            ASSERT_TRUE(reduced_prev[st.src.offset + e]) << "phase " << t;
+          }
+          if (st.kind == StepKind::kRecvReduce && st.dst.buf == kBufScratch) reduced[st.dst.offset + e] = 1;
+          if (st.kind == StepKind::kRecvReduce && st.dst.buf == kBufRecv) in_output[st.dst.offset + e]++;
+        }
+      }
+      reduced_prev = reduced;
+    }
+    for (size_t e = 0; e < 250; ++e) ASSERT_EQ(in_output[e], 1) << "rank " << r << " element " << e;
+  }
+  // One column: one message each way per step, 2 log2(p2) phases.
+  for (int n : {2, 4, 8}) {
+    const RankSchedule s = make(n, 1, 1000, 1000);
+    int l2 = 0;
+    while ((2 << l2) <= n) ++l2;
+    ASSERT_EQ(s.phases.size(), 2u * l2) << n;
+    for (const Phase& p : s.phases) EXPECT_EQ(p.steps.size(), 2u) << n;
+  }
+  // k columns: k + 2 log2(p2) - 1 phases (8 ranks, blocks of 125: 3 columns of 50).
+  EXPECT_EQ(make(8, 3, 1000, 50).phases.size(), 3u + 6 - 1);
+  for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter})
+    for (int n : {2, 3, 4, 6, 8})
+      for (size_t count : {size_t{1}, size_t{7}, size_t{999}, size_t{1001}})
+        for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
+          for (bool in_place : {false, true})
+            EXPECT_EQ(check(*find_algorithm(coll, "rabenseifner"), n, count, DataType::kFloat32, RedOp::kAvg, in_place,
+                            0, chunk),
+                      "")
+                << collective_name(coll) << " n " << n << " count " << count << " chunk " << chunk
+                << (in_place ? " in place" : "");
+}
+
 // The binomial reduce goes far-first on one host: with more ranks than cores
 // (rank r on core r mod cores) the near-first tree's receivers all share the
 // root's parity, so one of 2 cores did 10 of an 8-rank reduce's 14 message

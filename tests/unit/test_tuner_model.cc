@@ -125,6 +125,66 @@ TEST(TunerModel, RingSlicesOnlyBeyondTheCacheOnOneHost) {
   EXPECT_EQ(e->chunk_bytes, 8 * MiB);
 }
 
+// Rabenseifner's columns (rabenseifner_allreduce, halving_reduce_scatter)
+// follow the same rule, on the half a rank reduces in its first step: a
+// whole block of the power-of-two core per column unless that half outgrows
+// the cache on one host (performance.md Run 27: 4 ranks on 2 cores, allreduce
+// 64 MiB -20..-40%, reduce_scatter 16 MiB -13%).
+TEST(TunerModel, RabenseifnerColumnsOnlyBeyondTheCacheOnOneHost) {
+  auto chunk = [](size_t bytes, int p, int nhosts, size_t cache) {
+    CommCost c = uniform(p);
+    c.cache_bytes = cache;
+    c.nhosts = nhosts;
+    auto e = estimate(AlgoKind::kRabenseifner, Collective::kAllReduce, bytes, p, c);
+    EXPECT_TRUE(e.has_value());
+    return e ? e->chunk_bytes : 0;
+  };
+  const size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(chunk(16 * MiB, 4, 1, MiB), 256u << 10);
+  EXPECT_EQ(chunk(4 * MiB, 4, 1, MiB), 256u << 10) << "a 2 MiB half is re-read: columns";
+  EXPECT_EQ(chunk(2 * MiB, 4, 1, MiB), 512u << 10) << "a 1 MiB half fits: whole blocks";
+  EXPECT_EQ(chunk(12 * MiB, 6, 1, MiB), 256u << 10) << "6 ranks: the fold's core of 4";
+  EXPECT_EQ(chunk(12 * MiB, 6, 1, 0), 3 * MiB) << "no cache size (GPU): whole blocks of the core of 4";
+  EXPECT_EQ(chunk(64 * MiB, 8, 2, MiB), 8 * MiB) << "across hosts: whole blocks";
+  // Nor do channels cut them.
+  CommCost c = uniform(4);
+  c.channel_fraction = 0.25;
+  c.max_channels = 4;
+  for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter}) {
+    auto e = estimate(AlgoKind::kRabenseifner, coll, 16 * MiB, 4, c);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->channels, 4);
+    EXPECT_EQ(e->chunk_bytes, 4 * MiB) << collective_name(coll);
+  }
+  // reduce_scatter (the model's bytes: the whole input): a block per rank,
+  // columns from 4 ranks only (at 2 its one step re-reads nothing).
+  auto rs = [](size_t bytes, int p, size_t cache) {
+    CommCost c = uniform(p);
+    c.cache_bytes = cache;
+    auto e = estimate(AlgoKind::kRabenseifner, Collective::kReduceScatter, bytes, p, c);
+    EXPECT_TRUE(e.has_value());
+    return e ? e->chunk_bytes : 0;
+  };
+  EXPECT_EQ(rs(16 * MiB, 4, MiB), 256u << 10);
+  EXPECT_EQ(rs(16 * MiB, 8, MiB), 256u << 10);
+  EXPECT_EQ(rs(16 * MiB, 2, MiB), 8 * MiB) << "2 ranks: one step, whole blocks";
+  EXPECT_EQ(rs(2 * MiB, 4, MiB), 512u << 10) << "a 1 MiB half fits: whole blocks";
+  EXPECT_EQ(rs(16 * MiB, 4, 0), 4 * MiB) << "no cache size (GPU): whole blocks";
+  // More than two ranks per core: whole blocks (no gain measured at 8 on 2).
+  for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter}) {
+    CommCost o = oversubscribed_uniform(8, 2);
+    o.cache_bytes = MiB;
+    auto e = estimate(AlgoKind::kRabenseifner, coll, 64 * MiB, 8, o);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->chunk_bytes, 8 * MiB) << collective_name(coll) << ", 4 ranks per core";
+    o = oversubscribed_uniform(4, 2);
+    o.cache_bytes = MiB;
+    e = estimate(AlgoKind::kRabenseifner, coll, 64 * MiB, 4, o);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->chunk_bytes, 256u << 10) << collective_name(coll) << ", 2 ranks per core";
+  }
+}
+
 // The double binary tree allreduce's busiest rank sends and reduces
 // dbtree_max_load halves of the buffer: counted from the schedules tree.cc
 // builds, for every rank count. At 2 ranks that is n bytes, as in a ring, and the model prices
