@@ -545,25 +545,6 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   double t = 0;
   size_t chunk = static_cast<size_t>(std::ceil(n / e.channels));
   auto block_chunk = [&] { chunk = static_cast<size_t>(std::ceil(n / pp / e.channels)); };
-  // Recursive halving in columns (hypercube.cc): chunk is then a whole block
-  // (one column, however many channels), except on one host once the half
-  // a rank reduces in the first step outgrows a core's cache and a later
-  // step (the allreduce's doubling; reduce_scatter's from 4 ranks) would
-  // re-read it from memory: then columns of a quarter of the cache. Not with
-  // more than two ranks per core: 8 ranks on 2 cores measured no gain
-  // (allreduce 16 / 64 MiB, 256 KiB - 2 MiB columns against whole blocks,
-  // 7 rounds: within a 1.5x spread) and reduce_scatter 0 to +30% (64 MiB
-  // 42064, 76698 against 39172, 58713 us): a turn's columns leave the
-  // cache the core's other ranks share before the next turn, and every
-  // extra phase waits for their turns.
-  auto halving_columns = [&] {
-    const bool rs = coll == Collective::kReduceScatter;
-    if (rs) chunk = static_cast<size_t>(std::ceil(n / pp));
-    const bool crowded = core_bound(c, p) && p > 2 * c.cores;
-    if (c.nhosts == 1 && c.cache_bytes > 0 && n / 2 > static_cast<double>(c.cache_bytes) && (!rs || L2 >= 2) &&
-        !crowded)
-      chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
-  };
 
   switch (coll) {
     case Collective::kAllReduce:
@@ -634,17 +615,25 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           }
           t += fold_cost(x, true, true);
           // Its columns (rabenseifner_allreduce), as the ring's slices: a
-          // whole block per column, except on one host once the half a rank
-          // reduces in the first step outgrows a core's cache: the second
-          // step re-read it from memory. Measured, 4 ranks on 2 cores, us
-          // out of place / in place, whole blocks -> 256 KiB columns
+          // whole block per column (however many channels), except on one
+          // host once the half a rank reduces in the first step outgrows a
+          // core's cache, which the doubling re-read from memory: then
+          // columns of a quarter of the cache. Measured, 4 ranks on 2 cores,
+          // us out of place / in place, whole blocks -> 256 KiB columns
           // (performance.md Run 27): 64 MiB 31419, 36984 / 28396, 32901 ->
           // 25189, 23526 / 17383, 19195; 16 MiB 6076, 9236 / 5312, 7198 ->
           // 6419, 6131 / 4356, 4848; 4 MiB 1141, 1548 / 1053, 1217 -> 1110,
-          // 1249 / 931, 985 (8 ranks on 2 cores: see halving_columns). Not
-          // priced: the ring is sliced by the same rule.
+          // 1249 / 931, 985. Not with more than two ranks per core: 8 ranks
+          // on 2 cores measured no gain (16 / 64 MiB, 256 KiB - 2 MiB
+          // columns against whole blocks, 7 rounds: within a 1.5x spread):
+          // a turn's columns leave the cache the core's other ranks share
+          // before its next turn, and every extra phase waits for their
+          // turns. Not priced, as the ring's slices are not: both gain
+          // alike where both apply.
           chunk = static_cast<size_t>(std::ceil(n / floor_pow2(p)));
-          halving_columns();
+          if (c.nhosts == 1 && c.cache_bytes > 0 && n / 2 > static_cast<double>(c.cache_bytes) &&
+              !(core_bound(c, p) && p > 2 * c.cores))
+            chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
           break;
         case AlgoKind::kDirect:
           t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), Land::kStoreThenReduce) + n * x.g());
@@ -707,7 +696,12 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       block_chunk();
-      if (a == AlgoKind::kRabenseifner) halving_columns();
+      // Recursive halving can go in columns too (hypercube.cc, with
+      // LOOM_CHUNK_BYTES) but keeps whole blocks, however many channels: 4
+      // ranks on 2 cores, 16 and 64 MiB, 7 alternated rounds, 256 KiB
+      // columns measured as fast as whole blocks (its later steps' partial
+      // sums are read through a mapping of the sender's scratch).
+      if (a == AlgoKind::kRabenseifner) chunk = static_cast<size_t>(std::ceil(n / pp));
       t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kAllGather:
