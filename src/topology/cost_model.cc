@@ -545,6 +545,19 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   double t = 0;
   size_t chunk = static_cast<size_t>(std::ceil(n / e.channels));
   auto block_chunk = [&] { chunk = static_cast<size_t>(std::ceil(n / pp / e.channels)); };
+  // The direct allreduces (direct_reduce.cc) store what they receive in
+  // scratch and reduce it from there in local steps; the ring, tree and
+  // Rabenseifner reduce a message as it is read. The extra round trip
+  // through scratch, a write and a read of each stored byte, is priced as a
+  // copy: two of a reduction's three streams, at its rate (in or out of the
+  // cache: x.g()). Without it the model chose two-shot over the ring at 3, 5,
+  // 6 and 7 ranks at every size from 64 KiB; measured, 2 rounds, us out of
+  // place (performance.md Run 27): 3 ranks 4 MiB two-shot 1519-1567 against
+  // the ring's 879-890, 16 MiB 6975-9149 against 4623; 5 ranks 4 MiB
+  // 2814-3089 against 2085-2120, 16 MiB 13090-13870 against 9739-9926; 6
+  // ranks 16 MiB 17565-18939 against 12436-12707; two-shot still ahead at
+  // 64 KiB (5 ranks 78-114 against 93-142).
+  auto scratch_pass = [&](double stored_bytes) { return 2.0 / 3.0 * stored_bytes * x.g(); };
 
   switch (coll) {
     case Collective::kAllReduce:
@@ -636,12 +649,14 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
             chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
           break;
         case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), Land::kStoreThenReduce) + n * x.g());
+          t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), Land::kStoreThenReduce) + n * x.g()) +
+              scratch_pass((pp - 1) * n);
           break;
         case AlgoKind::kTwoShot:
           // Reduce-scatter by direct reads into scratch + local reduce, then gather.
           t = 2 * x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStoreThenReduce) +
-              (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStore) + (pp - 1) / pp * n * x.g();
+              (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStore) + (pp - 1) / pp * n * x.g() +
+              scratch_pass((pp - 1) / pp * n);
           block_chunk();
           break;
         case AlgoKind::kHierarchical: {

@@ -557,6 +557,26 @@ TEST(TunerModel, TimesGrowWithSize) {
   }
 }
 
+// The direct allreduces store what they receive in scratch and reduce it
+// from there: a write and a read of every stored byte more than the ring's
+// reduce-on-receipt, priced as a copy (2/3 of a reduction's per-byte cost).
+// Regression: without it two-shot was chosen over the ring at 3, 5, 6 and 7
+// ranks from 64 KiB up, measured 1.35-2x slower than the ring from 4 MiB
+// (performance.md Run 27).
+TEST(TunerModel, DirectAllreducesPayTheirScratchRoundTrip) {
+  const double a = 2.0, b = 1e-3, g = 0.5e-3;
+  for (int p : {3, 5}) {
+    CommCost c = uniform(p, a, b, g);
+    const double n = 1 << 20, m = n / p, db = b / c.direct_efficiency, oa = a + (p - 2) * c.overlap_us;
+    EXPECT_NEAR(est(AlgoKind::kTwoShot, Collective::kAllReduce, 1 << 20, p, c),
+                2 * oa + 2 * (p - 1) * m * db + (p - 1.0) / p * n * g + 2.0 / 3 * (p - 1.0) / p * n * g, 1e-6)
+        << p;
+    EXPECT_NEAR(est(AlgoKind::kDirect, Collective::kAllReduce, 1 << 20, p, c),
+                oa + (p - 1) * (n * db + n * g) + 2.0 / 3 * (p - 1) * n * g, 1e-6)
+        << p;
+  }
+}
+
 // A CPU-only host with one NUMA node: the model is uniform there.
 TopoGraph flat_host() {
   auto r = graph_from_xml_text("<system><cpu numaid=\"0\" vendor=\"GenuineIntel\"/></system>", "flat");
@@ -591,8 +611,10 @@ TEST(TunerModel, OversubscribedSameCoreMessagesCostLess) {
                 pc * ((p - 1) * (2 * a + 2 * m * b) + (p - 1.0) / p * n * g), 1e-6)
         << f;
     const double peers = (3 * f + 4) / 7, db = b * peers / c.direct_efficiency;
+    // Plus the round trip of the stored bytes through scratch (a copy: 2/3 g).
     EXPECT_NEAR(est(AlgoKind::kTwoShot, Collective::kAllReduce, 64 << 10, p, c),
-                pc * (2 * (a + 6 * c.overlap_us) + 2 * (p - 1) * m * db + (p - 1.0) / p * n * g), 1e-6)
+                pc * (2 * (a + 6 * c.overlap_us) + 2 * (p - 1) * m * db + (1 + 2.0 / 3) * (p - 1.0) / p * n * g),
+                1e-6)
         << f;
   }
   // Rooted collectives too (rooted_core_busy_us): the binomial broadcast's
