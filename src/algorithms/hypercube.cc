@@ -231,7 +231,8 @@ Result<RankSchedule> rabenseifner_allreduce(const CollArgs& a) {
     const int mine = core & ~(mask - 1), theirs = (core ^ mask) & ~(mask - 1);
     const int peer = f.member_of(core ^ mask);
     cols.pieces(mine, mine + mask, i, [&](size_t o, size_t c) { p.steps.push_back(send_step(peer, at(out, o), c)); });
-    cols.pieces(theirs, theirs + mask, i, [&](size_t o, size_t c) { p.steps.push_back(recv_step(peer, at(out, o), c)); });
+    cols.pieces(theirs, theirs + mask, i,
+                [&](size_t o, size_t c) { p.steps.push_back(recv_step(peer, at(out, o), c)); });
   });
   pending = Phase{};
   if (r < 2 * f.extra) pending.steps.push_back(send_step(r - 1, out, a.count));

@@ -340,6 +340,16 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   EXPECT_EQ(leaf[3], 4);
 }
 
+// Rank r's allreduce schedule of `algo` on n ranks, in chunks of `chunk` elements.
+RankSchedule allreduce_schedule(const char* algo, int n, int r, size_t count, size_t chunk, RedOp op) {
+  CollArgs a = rooted(Collective::kAllReduce, n, r, 0, count);
+  a.chunk_elems = chunk;
+  a.op = op;
+  auto s = make_schedule(a, algo);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return s.is_ok() ? std::move(s).value() : RankSchedule{};
+}
+
 // The ring allreduce in slices: at 2 ranks phase j sends slice j of its
 // block raw and reduces slice j of the peer's, and forwards slice j-1 of the
 // reduced block from where the reduce just wrote it (while it is in cache),
@@ -348,12 +358,7 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
 // EveryAlgorithmEveryShape (chunk 3) and the loop at the end.
 TEST(Schedules, RingForwardsEachReducedSliceInTheNextPhase) {
   auto make = [](int r, size_t count, size_t chunk, RedOp op) {
-    CollArgs a = rooted(Collective::kAllReduce, 2, r, 0, count);
-    a.chunk_elems = chunk;
-    a.op = op;
-    auto s = make_schedule(a, "ring");
-    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-    return std::move(s).value();
+    return allreduce_schedule("ring", 2, r, count, chunk, op);
   };
   // count 1001: rank 0 owns [0, 501), rank 1 [501, 1001); slices of 100.
   for (int r = 0; r < 2; ++r) {
@@ -416,12 +421,7 @@ TEST(Schedules, RingForwardsEachReducedSliceInTheNextPhase) {
 // each way per step.
 TEST(Schedules, RabenseifnerSendsWhatThePreviousPhaseTouched) {
   auto make = [](int n, int r, size_t count, size_t chunk, RedOp op = RedOp::kSum) {
-    CollArgs a = rooted(Collective::kAllReduce, n, r, 0, count);
-    a.chunk_elems = chunk;
-    a.op = op;
-    auto s = make_schedule(a, "rabenseifner");
-    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-    return std::move(s).value();
+    return allreduce_schedule("rabenseifner", n, r, count, chunk, op);
   };
   // 4 ranks, 1000 elements: blocks of 250, columns of 100 (3 columns).
   for (int r = 0; r < 4; ++r) {

@@ -92,6 +92,17 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
   EXPECT_NEAR(two->us, std::ceil(n / static_cast<double>(two->chunk_bytes)) * a / 2 + n * (b + g), 1e-6);
 }
 
+// The allreduce chunk the model gives algorithm a on p uniform ranks over
+// nhosts hosts, with a core cache of `cache` bytes (0: none, as on GPUs).
+size_t allreduce_chunk(AlgoKind a, size_t bytes, int p, int nhosts, size_t cache) {
+  CommCost c = uniform(p);
+  c.cache_bytes = cache;
+  c.nhosts = nhosts;
+  auto e = estimate(a, Collective::kAllReduce, bytes, p, c);
+  EXPECT_TRUE(e.has_value());
+  return e ? e->chunk_bytes : 0;
+}
+
 // On one host the ring allreduce goes in slices (ring_allreduce) once a
 // block is larger than a core's cache, so each reduced slice is forwarded
 // from the cache (performance.md Run 26: 2 ranks 16 MiB in place -17%, 256
@@ -99,12 +110,7 @@ TEST(TunerModel, ClosedFormsOnAUniformMachine) {
 // and GPUs (no cache size) keep whole blocks, whatever the channel count.
 TEST(TunerModel, RingSlicesOnlyBeyondTheCacheOnOneHost) {
   auto chunk = [](size_t bytes, int p, int nhosts, size_t cache) {
-    CommCost c = uniform(p);
-    c.cache_bytes = cache;
-    c.nhosts = nhosts;
-    auto e = estimate(AlgoKind::kRing, Collective::kAllReduce, bytes, p, c);
-    EXPECT_TRUE(e.has_value());
-    return e ? e->chunk_bytes : 0;
+    return allreduce_chunk(AlgoKind::kRing, bytes, p, nhosts, cache);
   };
   const size_t MiB = size_t{1} << 20;
   EXPECT_EQ(chunk(16 * MiB, 2, 1, MiB), 256u << 10);
@@ -131,12 +137,7 @@ TEST(TunerModel, RingSlicesOnlyBeyondTheCacheOnOneHost) {
 // host, and not with more than two ranks per core (performance.md Run 27).
 TEST(TunerModel, RabenseifnerColumnsOnlyBeyondTheCacheOnOneHost) {
   auto chunk = [](size_t bytes, int p, int nhosts, size_t cache) {
-    CommCost c = uniform(p);
-    c.cache_bytes = cache;
-    c.nhosts = nhosts;
-    auto e = estimate(AlgoKind::kRabenseifner, Collective::kAllReduce, bytes, p, c);
-    EXPECT_TRUE(e.has_value());
-    return e ? e->chunk_bytes : 0;
+    return allreduce_chunk(AlgoKind::kRabenseifner, bytes, p, nhosts, cache);
   };
   const size_t MiB = size_t{1} << 20;
   EXPECT_EQ(chunk(16 * MiB, 4, 1, MiB), 256u << 10);
