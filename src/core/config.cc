@@ -45,7 +45,7 @@ std::vector<ParamInfo>& registry() {
        "steps on both cores, and 1.1-1.5x oversubscribed, except send/recv at 1-16M); between threads "
        "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
        "that never change between calls, as in nccl-tests' loop)."},
-      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce, of binomial broadcast, of the ring allreduce's slices and of Rabenseifner's columns (allreduce and reduce_scatter); set, it overrides the cost model's chunk."},
+      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce, of binomial broadcast, of the ring allreduce's slices and of the columns of Rabenseifner (allreduce, reduce_scatter) and of the recursive-doubling all_gather; set, it overrides the cost model's chunk."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
        "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},

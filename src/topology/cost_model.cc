@@ -558,6 +558,17 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
   // ranks 16 MiB 17565-18939 against 12436-12707; two-shot still ahead at
   // 64 KiB (5 ranks 78-114 against 93-142).
   auto scratch_pass = [&](double stored_bytes) { return 2.0 / 3.0 * stored_bytes * x.g(); };
+  // The chunk of a schedule in slices or columns (ring allreduce,
+  // Rabenseifner allreduce, recursive-doubling all_gather): whole blocks
+  // unless, on one host, what a step writes and a later step sends again
+  // (`reread` bytes per rank) outgrows a core's cache: then a quarter of the
+  // cache, so it is sent again from there. Not with more than two ranks per
+  // core (measured no gain at 8 on 2, Run 27).
+  auto cache_chunk = [&](size_t whole, double reread, bool crowd_ok) {
+    if (c.nhosts != 1 || c.cache_bytes == 0 || reread <= static_cast<double>(c.cache_bytes)) return whole;
+    if (!crowd_ok && core_bound(c, p) && p > 2 * c.cores) return whole;
+    return std::min(whole, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
+  };
 
   switch (coll) {
     case Collective::kAllReduce:
@@ -587,9 +598,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // priced alike, stays chosen at 4-8 ranks here). Across hosts (not
           // measured) each slice's phase would wait a network latency: whole
           // blocks there.
-          chunk = static_cast<size_t>(std::ceil(n / pp));
-          if (c.nhosts == 1 && c.cache_bytes > 0 && m > static_cast<double>(c.cache_bytes))
-            chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
+          chunk = cache_chunk(static_cast<size_t>(std::ceil(n / pp)), m, /*crowd_ok=*/true);
           break;
         }
         case AlgoKind::kTree: {
@@ -643,10 +652,7 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // before its next turn, and every extra phase waits for their
           // turns. Not priced, as the ring's slices are not: both gain
           // alike where both apply.
-          chunk = static_cast<size_t>(std::ceil(n / floor_pow2(p)));
-          if (c.nhosts == 1 && c.cache_bytes > 0 && n / 2 > static_cast<double>(c.cache_bytes) &&
-              !(core_bound(c, p) && p > 2 * c.cores))
-            chunk = std::min(chunk, std::max<size_t>(c.min_chunk_bytes, c.cache_bytes / 4));
+          chunk = cache_chunk(static_cast<size_t>(std::ceil(n / floor_pow2(p))), n / 2, /*crowd_ok=*/false);
           break;
         case AlgoKind::kDirect:
           t = x.direct_alpha() + (pp - 1) * (x.move(n, x.direct_beta(), Land::kStoreThenReduce) + n * x.g()) +
@@ -758,6 +764,18 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
         default: return std::nullopt;
       }
       block_chunk();
+      // Recursive doubling in columns (hypercube_all_gather), from 4 ranks
+      // (at 2 its one step sends nothing received): what step j received,
+      // step j + 1 sends on, up to half the output in the last step.
+      // Measured, 4 ranks on 2 cores, us out of place / in place, whole
+      // blocks -> 256 KiB columns, 4 rounds (performance.md Run 27): 4 MiB
+      // 543-999 / 489-632 -> 514-636 / 453-591, 16 MiB 3352-4800 /
+      // 2877-9365 -> 3108-3729 / 2350-6362, 64 MiB 16789-18964 /
+      // 14704-18965 -> 13714-15635 / 10762-12186; 8 ranks (4 per core)
+      // 4 MiB 1697-1803 -> 1930-1948, 64 MiB 29288-29519 -> 43105-54406.
+      if (a == AlgoKind::kHypercube)
+        chunk = L2 >= 2 ? cache_chunk(static_cast<size_t>(std::ceil(n / pp)), n / 2, /*crowd_ok=*/false)
+                        : static_cast<size_t>(std::ceil(n / pp));
       t = oversubscribed_us(t, a, coll, p, c);
       break;
     case Collective::kBroadcast:

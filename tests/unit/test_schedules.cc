@@ -505,6 +505,59 @@ TEST(Schedules, RabenseifnerSendsWhatThePreviousPhaseTouched) {
                 << (in_place ? " in place" : "");
 }
 
+// Recursive-doubling all_gather in columns (hypercube_all_gather): at 4
+// ranks in 3 columns every element a phase sends from the output was
+// received in the phase before (the own block goes from the input first,
+// then from the output after the overlapped copy), and each peer's block is
+// received once. One column: one message each way per step.
+TEST(Schedules, HypercubeAllGatherSendsWhatThePreviousPhaseReceived) {
+  const size_t c = 250;  // per rank; columns of 100
+  for (int r = 0; r < 4; ++r) {
+    CollArgs a = rooted(Collective::kAllGather, 4, r, 0, c);
+    a.chunk_elems = 100;
+    auto s = make_schedule(a, "hypercube");
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    ASSERT_EQ(s->phases.size(), 3u + 2 - 1);
+    std::vector<int> received_prev(4 * c, 0), received(4 * c, 0);
+    for (size_t t = 0; t < s->phases.size(); ++t) {
+      std::vector<int> now(4 * c, 0);
+      for (const Step& st : s->phases[t].steps) {
+        if (is_comm_step(st.kind)) {
+          ASSERT_LE(st.count, 100u) << "phase " << t << ": one piece of one block per message";
+        }
+        for (size_t e = 0; e < st.count; ++e) {
+          if (st.kind == StepKind::kSend && st.src.buf == kBufRecv) {
+            const size_t at = st.src.offset + e;
+            ASSERT_TRUE(received_prev[at] || at / c == static_cast<size_t>(r)) << "phase " << t << " sends " << at;
+          }
+          if (st.kind == StepKind::kRecv) now[st.dst.offset + e] = 1, received[st.dst.offset + e]++;
+        }
+      }
+      received_prev = now;
+    }
+    for (size_t e = 0; e < 4 * c; ++e)
+      ASSERT_EQ(received[e], e / c == static_cast<size_t>(r) ? 0 : 1) << "rank " << r << " element " << e;
+  }
+  CollArgs one = rooted(Collective::kAllGather, 8, 5, 0, c);
+  one.chunk_elems = c;
+  auto s = make_schedule(one, "hypercube");
+  ASSERT_TRUE(s.is_ok());
+  ASSERT_EQ(s->phases.size(), 3u);
+  for (const Phase& p : s->phases) {
+    int comm = 0;
+    for (const Step& st : p.steps) comm += is_comm_step(st.kind) ? 1 : 0;
+    EXPECT_EQ(comm, 2);
+  }
+  for (int n : {2, 3, 4, 6, 8})
+    for (size_t count : {size_t{1}, size_t{7}, size_t{999}})
+      for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
+        for (bool in_place : {false, true})
+          EXPECT_EQ(check(*find_algorithm(Collective::kAllGather, "hypercube"), n, count, DataType::kFloat32,
+                          RedOp::kSum, in_place, 0, chunk),
+                    "")
+              << "n " << n << " count " << count << " chunk " << chunk << (in_place ? " in place" : "");
+}
+
 // The binomial reduce goes far-first on one host: with more ranks than cores
 // (rank r on core r mod cores) the near-first tree's receivers all share the
 // root's parity, so one of 2 cores did 10 of an 8-rank reduce's 14 message

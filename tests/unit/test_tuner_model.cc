@@ -174,6 +174,26 @@ TEST(TunerModel, RabenseifnerColumnsOnlyBeyondTheCacheOnOneHost) {
   auto e4 = estimate(AlgoKind::kRabenseifner, Collective::kAllReduce, 64 * MiB, 4, o);
   ASSERT_TRUE(e4.has_value());
   EXPECT_EQ(e4->chunk_bytes, 256u << 10) << "2 ranks per core";
+  // The recursive-doubling all_gather's columns alike (the model's bytes:
+  // the whole output), from 4 ranks.
+  auto ag = [&](size_t bytes, int p, size_t cache, int nhosts = 1) {
+    CommCost u = uniform(p);
+    u.cache_bytes = cache;
+    u.nhosts = nhosts;
+    auto e = estimate(AlgoKind::kHypercube, Collective::kAllGather, bytes, p, u);
+    EXPECT_TRUE(e.has_value());
+    return e ? e->chunk_bytes : 0;
+  };
+  EXPECT_EQ(ag(16 * MiB, 4, MiB), 256u << 10);
+  EXPECT_EQ(ag(2 * MiB, 4, MiB), 512u << 10) << "a 1 MiB half fits: whole blocks";
+  EXPECT_EQ(ag(16 * MiB, 2, MiB), 8 * MiB) << "2 ranks: one step, whole blocks";
+  EXPECT_EQ(ag(16 * MiB, 4, 0), 4 * MiB) << "no cache size: whole blocks";
+  EXPECT_EQ(ag(16 * MiB, 4, MiB, 2), 4 * MiB) << "across hosts: whole blocks";
+  o = oversubscribed_uniform(8, 2);
+  o.cache_bytes = MiB;
+  auto ag8 = estimate(AlgoKind::kHypercube, Collective::kAllGather, 64 * MiB, 8, o);
+  ASSERT_TRUE(ag8.has_value());
+  EXPECT_EQ(ag8->chunk_bytes, 8 * MiB) << "all_gather, 4 ranks per core";
 }
 
 // The double binary tree allreduce's busiest rank sends and reduces
