@@ -340,6 +340,19 @@ TEST(Schedules, BinomialBroadcastForwardsChunkByChunk) {
   EXPECT_EQ(leaf[3], 4);
 }
 
+// The interpreter's result of `algo` for every rank count and count given,
+// in chunks (slices, columns) of 1 - 600 elements, in and out of place.
+void expect_correct_in_chunks(Collective coll, const char* algo, std::initializer_list<int> ranks,
+                              std::initializer_list<size_t> counts, RedOp op) {
+  for (int n : ranks)
+    for (size_t count : counts)
+      for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
+        for (bool in_place : {false, true})
+          EXPECT_EQ(check(*find_algorithm(coll, algo), n, count, DataType::kFloat32, op, in_place, 0, chunk), "")
+              << algo << " " << collective_name(coll) << " n " << n << " count " << count << " chunk " << chunk
+              << (in_place ? " in place" : "");
+}
+
 // Rank r's allreduce schedule of `algo` on n ranks, in chunks of `chunk` elements.
 RankSchedule allreduce_schedule(const char* algo, int n, int r, size_t count, size_t chunk, RedOp op) {
   CollArgs a = rooted(Collective::kAllReduce, n, r, 0, count);
@@ -403,14 +416,7 @@ TEST(Schedules, RingForwardsEachReducedSliceInTheNextPhase) {
     a.chunk_elems = 50;  // blocks of 200 (n = 5) or 333-334 (n = 3)
     EXPECT_EQ(make_schedule(a, "ring")->phases.size(), (n == 5 ? 4u : 7u) + 2 * (n - 1) - 1) << n;
   }
-  for (int n : {2, 3, 4, 7})
-    for (size_t count : {size_t{1}, size_t{2}, size_t{999}, size_t{1001}})
-      for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
-        for (bool in_place : {false, true})
-          EXPECT_EQ(check(*find_algorithm(Collective::kAllReduce, "ring"), n, count, DataType::kFloat32,
-                          RedOp::kAvg, in_place, 0, chunk),
-                    "")
-              << "n " << n << " count " << count << " chunk " << chunk << (in_place ? " in place" : "");
+  expect_correct_in_chunks(Collective::kAllReduce, "ring", {2, 3, 4, 7}, {1, 2, 999, 1001}, RedOp::kAvg);
 }
 
 // Rabenseifner in columns (rabenseifner_allreduce): column i (piece i of
@@ -494,15 +500,7 @@ TEST(Schedules, RabenseifnerSendsWhatThePreviousPhaseTouched) {
   // k columns: k + 2 log2(p2) - 1 phases (8 ranks, blocks of 125: 3 columns of 50).
   EXPECT_EQ(make(8, 3, 1000, 50).phases.size(), 3u + 6 - 1);
   for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter})
-    for (int n : {2, 3, 4, 6, 8})
-      for (size_t count : {size_t{1}, size_t{7}, size_t{999}, size_t{1001}})
-        for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
-          for (bool in_place : {false, true})
-            EXPECT_EQ(check(*find_algorithm(coll, "rabenseifner"), n, count, DataType::kFloat32, RedOp::kAvg, in_place,
-                            0, chunk),
-                      "")
-                << collective_name(coll) << " n " << n << " count " << count << " chunk " << chunk
-                << (in_place ? " in place" : "");
+    expect_correct_in_chunks(coll, "rabenseifner", {2, 3, 4, 6, 8}, {1, 7, 999, 1001}, RedOp::kAvg);
 }
 
 // Recursive-doubling all_gather in columns (hypercube_all_gather): at 4
@@ -548,14 +546,7 @@ TEST(Schedules, HypercubeAllGatherSendsWhatThePreviousPhaseReceived) {
     for (const Step& st : p.steps) comm += is_comm_step(st.kind) ? 1 : 0;
     EXPECT_EQ(comm, 2);
   }
-  for (int n : {2, 3, 4, 6, 8})
-    for (size_t count : {size_t{1}, size_t{7}, size_t{999}})
-      for (size_t chunk : {size_t{1}, size_t{7}, size_t{100}, size_t{600}})
-        for (bool in_place : {false, true})
-          EXPECT_EQ(check(*find_algorithm(Collective::kAllGather, "hypercube"), n, count, DataType::kFloat32,
-                          RedOp::kSum, in_place, 0, chunk),
-                    "")
-              << "n " << n << " count " << count << " chunk " << chunk << (in_place ? " in place" : "");
+  expect_correct_in_chunks(Collective::kAllGather, "hypercube", {2, 3, 4, 6, 8}, {1, 7, 999}, RedOp::kSum);
 }
 
 // The binomial reduce goes far-first on one host: with more ranks than cores
