@@ -83,26 +83,22 @@ Result<RankSchedule> hypercube_all_gather(const CollArgs& a) {
   // In columns (patterns.h), as rabenseifner_allreduce's doubling: what a
   // step received, the next sends on while it is still cached.
   const auto cols = make_columns([c](int b) { return static_cast<size_t>(b) * c; }, n, chunk_elems(a));
-  if (L2 == 0) {
-    if (!folds) push_phase(s, std::move(first));
-  } else {
-    emit_column_phases(s, folds ? Phase{} : std::move(first), cols.count(), static_cast<size_t>(L2),
-                       [&](Phase& p, size_t i, int j) {
-                         const int mask = 1 << j;
-                         const int base = core & ~(mask - 1), pbase = (core ^ mask) & ~(mask - 1);
-                         const int peer = f.member_of(core ^ mask);
-                         const int lo = first_member_or_end(f, base), hi = first_member_or_end(f, base + mask);
-                         const int plo = first_member_or_end(f, pbase), phi = first_member_or_end(f, pbase + mask);
-                         const bool from_input = mask == 1 && !folds;  // the first exchange: our own block
-                         const size_t lo_off = static_cast<size_t>(lo) * c;
-                         cols.pieces(lo, hi, i, [&](size_t o, size_t m) {
-                           p.steps.push_back(
-                               send_step(peer, from_input ? BufRef{kBufSend, o - lo_off} : BufRef{kBufRecv, o}, m));
-                         });
-                         cols.pieces(plo, phi, i,
-                                     [&](size_t o, size_t m) { p.steps.push_back(recv_step(peer, {kBufRecv, o}, m)); });
+  emit_column_phases(s, folds ? Phase{} : std::move(first), cols.count(), static_cast<size_t>(L2),
+                     [&](Phase& p, size_t i, int j) {
+                       const int mask = 1 << j;
+                       const int base = core & ~(mask - 1), pbase = (core ^ mask) & ~(mask - 1);
+                       const int peer = f.member_of(core ^ mask);
+                       const int lo = first_member_or_end(f, base), hi = first_member_or_end(f, base + mask);
+                       const int plo = first_member_or_end(f, pbase), phi = first_member_or_end(f, pbase + mask);
+                       const bool from_input = mask == 1 && !folds;  // the first exchange: our own block
+                       const size_t lo_off = static_cast<size_t>(lo) * c;
+                       cols.pieces(lo, hi, i, [&](size_t o, size_t m) {
+                         p.steps.push_back(
+                             send_step(peer, from_input ? BufRef{kBufSend, o - lo_off} : BufRef{kBufRecv, o}, m));
                        });
-  }
+                       cols.pieces(plo, phi, i,
+                                   [&](size_t o, size_t m) { p.steps.push_back(recv_step(peer, {kBufRecv, o}, m)); });
+                     });
   if (r < 2 * f.extra) {
     Phase p;
     p.steps.push_back(send_step(r - 1, {kBufRecv, 0}, n * c));

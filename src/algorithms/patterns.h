@@ -92,9 +92,11 @@ Columns<Start> make_columns(Start start, int nblocks, size_t chunk) {
 // Appends the phases of `cols` columns of `steps` steps each: phase t runs
 // step(phase, i, j) for column i's step j = t - i, older columns (later
 // steps) first, so both ends of a link list a phase's messages in one order.
-// The first phase starts with the steps of `head`.
+// The first phase starts with the steps of `head` (its only one when there
+// are no steps).
 template <class StepFn>
 void emit_column_phases(RankSchedule& s, Phase head, size_t cols, size_t steps, StepFn&& step) {
+  if (steps == 0) return push_phase(s, std::move(head));
   for (size_t t = 0; t + 1 < cols + steps; ++t) {
     Phase p = t == 0 ? std::move(head) : Phase{};
     for (size_t i = t >= steps ? t - steps + 1 : 0; i <= t && i < cols; ++i) step(p, i, static_cast<int>(t - i));

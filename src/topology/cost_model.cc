@@ -594,10 +594,10 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // 8 ranks 16 MiB 24020-26486 / 22277-24109 -> 22042-25853 /
           // 18367-20054, 64 MiB 103482-119687 / 74709-101769 -> 90169-117406
           // / 81141-102380. Same time in the model: the slices' extra
-          // phases against the re-read it does not price (so Rabenseifner,
-          // priced alike, stays chosen at 4-8 ranks here). Across hosts (not
-          // measured) each slice's phase would wait a network latency: whole
-          // blocks there.
+          // phases against the re-read it does not price (Rabenseifner, in
+          // columns by the same rule, measured faster at 4 ranks: Run 27).
+          // Across hosts (not measured) each slice's phase would wait a
+          // network latency: whole blocks there.
           chunk = cache_chunk(static_cast<size_t>(std::ceil(n / pp)), m, /*crowd_ok=*/true);
           break;
         }
