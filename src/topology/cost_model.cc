@@ -96,7 +96,7 @@ struct Ctx {
   // but with a fixed cost of its own (CommCost::single_copy_*).
   double move(double m, double beta, Land land) const {
     const size_t thr = land == Land::kReduce || reducing ? c.single_copy_bytes : c.single_copy_plain_bytes;
-    if (thr == 0 || m < static_cast<double>(thr)) return m * beta;
+    if (thr == 0 || m < static_cast<double>(thr)) return m * beta * (land == Land::kReduce ? c.fused_receive_factor : 1.0);
     // Stored into scratch only to be reduced by a local step: with more
     // ranks than cores the total work is what counts, and that is the
     // reduced FIFO message's (one copy, then the reduction): no discount.

@@ -84,6 +84,13 @@ struct CommCost {
   // Measured, 2 ranks, all_gather of 256 KiB (128 KiB messages): 8.0 us
   // single copy, 15.6 us through the FIFO.
   double single_copy_factor = 0.5;
+  // Per-byte cost of a FIFO message its receiver reduces as it reads it
+  // (Land::kReduce: ring, Rabenseifner, recursive halving), relative to
+  // beta. beta prices both copies of a FIFO message, the sender's in and the
+  // receiver's out; a receiver that reduces reads the FIFO in the reduction
+  // itself (priced by gamma), so only the sender's copy is left. 1 = off
+  // (across hosts, where the wire, not a copy, is beta).
+  double fused_receive_factor = 1.0;
   // Fixed cost of a single-copy message beyond alpha: the read's system call
   // and the acknowledgement the sender waits for. Measured, 2 ranks: a 32 KiB
   // single-copy all_gather message 3.6 us against 2.6 us of alpha + bytes.

@@ -152,6 +152,10 @@ CommCost Tuner::derive_cost(int nranks) const {
     c.single_copy_bytes = params::shm_single_copy_xproc_bytes(p);  // ranks are processes, as usual
     c.single_copy_plain_bytes = params::shm_single_copy_plain_xproc_bytes(p);
     c.oversubscribed = params::oversubscribed(p);
+    // Host memory: the FIFO's two copies are beta; a receiver that reduces
+    // reads the FIFO in its reduction (cost_model.h). GPUs: beta is the
+    // link, not a copy.
+    if (!gpu) c.fused_receive_factor = 0.5;
     if (c.oversubscribed) c.cores = params::host_cores();
     if (params::shm_map_shared() != 0) {
       c.map_min_bytes = params::shm_map_min_bytes();

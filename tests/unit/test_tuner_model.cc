@@ -598,6 +598,36 @@ TEST(TunerModel, DirectAllreducesPayTheirScratchRoundTrip) {
   }
 }
 
+// A FIFO message its receiver reduces as it reads it (ring, Rabenseifner,
+// recursive halving: Land::kReduce) costs only the sender's copy: the
+// receiver's read is the reduction's, priced by gamma (fused_receive_factor,
+// 0.5 of beta on one host). Stored messages (the all-gather halves, two-shot's
+// and one-shot's scratch, recursive doubling's) pay both copies.
+TEST(TunerModel, ReducedOnReceiptPaysTheSendersCopyOnly) {
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, f = 0.5;
+  for (int p : {3, 4, 5}) {
+    CommCost c = uniform(p, a, b, g), plain = c;
+    c.fused_receive_factor = f;
+    const double n = 1 << 20, m = n / p;
+    EXPECT_NEAR(est(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, p, c),
+                (p - 1) * (2 * a + f * m * b + m * b) + (p - 1.0) / p * n * g, 1e-6)
+        << p;
+    EXPECT_NEAR(est(AlgoKind::kRing, Collective::kReduceScatter, 1 << 20, p, c), (p - 1) * (a + m * g + f * m * b),
+                1e-6)
+        << p;
+    for (AlgoKind stored : {AlgoKind::kTwoShot, AlgoKind::kDirect, AlgoKind::kHypercube})
+      EXPECT_EQ(est(stored, Collective::kAllReduce, 1 << 20, p, c), est(stored, Collective::kAllReduce, 1 << 20, p, plain))
+          << algo_name(stored) << " " << p;
+  }
+  // Rabenseifner at 4 ranks: halving steps of n/2 and n/4, each reduced on
+  // receipt, and the doubling's, stored.
+  CommCost c = uniform(4, a, b, g);
+  c.fused_receive_factor = f;
+  const double n = 1 << 20;
+  EXPECT_NEAR(est(AlgoKind::kRabenseifner, Collective::kAllReduce, 1 << 20, 4, c),
+              4 * a + (f + 1) * (n / 2 + n / 4) * b + (n / 2 + n / 4) * g, 1e-6);
+}
+
 // A CPU-only host with one NUMA node: the model is uniform there.
 TopoGraph flat_host() {
   auto r = graph_from_xml_text("<system><cpu numaid=\"0\" vendor=\"GenuineIntel\"/></system>", "flat");
@@ -920,6 +950,43 @@ TEST(TunerSelect, CalibrationReplacesParameters) {
   ASSERT_TRUE(before.is_ok() && after.is_ok());
   EXPECT_GT(after->predicted_us, before->predicted_us);  // latency-dominated size, alpha grew 50x
   EXPECT_EQ(after->algorithm, "hypercube");
+}
+
+// One host's model fuses; across hosts (the wire) and between GPUs (the
+// link) beta is not a copy, and nothing is.
+// Regression: the ring's FIFO messages were priced at both copies though it
+// reduces them straight out of the FIFO, and the tuner kept two-shot at 3
+// ranks up to 1 MiB and at 5-7 ranks up to 2 MiB on the 2-core host,
+// measured 1.2-1.5x slower than the ring from 256 KiB at 3 ranks and from
+// 512 KiB at 5-7 (performance.md Run 28, us out of place, 3 rounds: 5 ranks
+// 512 KiB 224-277 against 280-306, 1 MiB 372-439 against 497-619).
+TEST(TunerSelect, OneHostFusesTheReducedReceive) {
+  Tuner t(flat_host());
+  const int cores = params::host_cores();
+  EXPECT_EQ(t.cost(2).fused_receive_factor, 0.5);
+  EXPECT_EQ(t.cost(2 * cores + 1).fused_receive_factor, 0.5);
+  auto r = load_topology_file(testing::shared_topology("azure-ndv4.xml"));
+  ASSERT_TRUE(r.is_ok());
+  Tuner gpus(r.value().graph);
+  ASSERT_GT(gpus.cost(16).nhosts, 1);
+  EXPECT_EQ(gpus.cost(16).fused_receive_factor, 1.0) << "two hosts";
+  EXPECT_EQ(gpus.cost(8).fused_receive_factor, 1.0) << "GPUs: beta is the link";
+  // The 2-core host's 5-rank job: 5 ranks on 2 cores, the hand-offs its
+  // probe measured (5.84 us per other rank of a core across cores, 3.87
+  // within), reduced messages in the FIFO.
+  CommCost c = t.cost(5);
+  c.oversubscribed = true;
+  c.cores = 2;
+  c.single_copy_bytes = c.single_copy_plain_bytes = c.map_min_bytes = 0;
+  c.hand_off_cross_us = 5.84;
+  c.hand_off_us = 3.87;
+  for (size_t bytes : {size_t{512} << 10, size_t{1} << 20})
+    EXPECT_LT(est(AlgoKind::kRing, Collective::kAllReduce, bytes, 5, c),
+              est(AlgoKind::kTwoShot, Collective::kAllReduce, bytes, 5, c))
+        << bytes;
+  // ... and two-shot keeps 64 KiB (measured 71-80 us against the ring's 67-103).
+  EXPECT_GT(est(AlgoKind::kRing, Collective::kAllReduce, 64 << 10, 5, c),
+            est(AlgoKind::kTwoShot, Collective::kAllReduce, 64 << 10, 5, c));
 }
 
 }  // namespace
