@@ -120,12 +120,33 @@ int64_t now_ns() {
   return clock_now_ns();
 }
 
+namespace {
+// An algorithm name's first 8 characters, as the entry keeps them.
+uint64_t algo_word(const std::string& algorithm) {
+  uint64_t name = 0;
+  std::memcpy(&name, algorithm.data(), std::min<size_t>(algorithm.size(), 8));
+  return name;
+}
+}  // namespace
+
 FlightRecorder::FlightRecorder(size_t capacity)
     : cap_(capacity), entries_(capacity ? new Entry[capacity] : nullptr) {}
 
 int64_t FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a) {
   const int64_t now = now_ns();
-  if (!cap_) return now;
+  if (cap_) write_entry(seq, coll_seq, a, nullptr, 0, now);
+  return now;
+}
+
+int64_t FlightRecorder::on_run_at_issue(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string& algorithm,
+                                        int nphases) {
+  const int64_t now = now_ns();
+  if (cap_) write_entry(seq, coll_seq, a, &algorithm, nphases, now);
+  return now;
+}
+
+void FlightRecorder::write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string* algorithm,
+                                 int nphases, int64_t now) {
   constexpr auto r = std::memory_order_relaxed;
   Entry& e = slot(seq);
   e.seq.store(~0ull, r);  // readers skip the slot while it is rewritten
@@ -142,26 +163,23 @@ int64_t FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollAr
     e.p2p[i].store((static_cast<int64_t>(p.peer) << 1 | (p.is_send ? 1 : 0)) << 32 | c, r);
   }
   e.np2p.store(a.coll == Collective::kSendRecv ? static_cast<int>(a.p2p.size()) : 0, r);
-  e.state.store(static_cast<int>(OpState::kEnqueued), r);
-  e.nphases.store(0, r);
-  e.algo.store(0, r);
+  e.state.store(static_cast<int>(algorithm ? OpState::kStarted : OpState::kEnqueued), r);
+  e.nphases.store(nphases, r);
+  e.algo.store(algorithm ? algo_word(*algorithm) : 0, r);
   e.t_enq.store(now, r);
-  e.t_start.store(0, r);
+  e.t_start.store(algorithm ? now : 0, r);
   e.t_end.store(0, r);
   e.seq.store(seq, std::memory_order_release);
   // Only ever forward: an op run at issue is recorded when it first waits
   // (CommImpl::run_sub), possibly after a later op was queued and recorded.
   if (seq + 1 > next_.load(std::memory_order_relaxed)) next_.store(seq + 1, std::memory_order_release);
-  return now;
 }
 
-int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases, int64_t at) {
-  const int64_t now = at ? at : now_ns();
+int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int nphases) {
+  const int64_t now = now_ns();
   if (!cap_) return now;
   Entry& e = slot(seq);
-  uint64_t name = 0;
-  std::memcpy(&name, algorithm.data(), std::min<size_t>(algorithm.size(), 8));
-  e.algo.store(name, std::memory_order_relaxed);
+  e.algo.store(algo_word(algorithm), std::memory_order_relaxed);
   e.nphases.store(nphases, std::memory_order_relaxed);
   e.t_start.store(now, std::memory_order_relaxed);
   e.state.store(static_cast<int>(OpState::kStarted), std::memory_order_release);

@@ -36,10 +36,13 @@ class FlightRecorder {
 
   // Returns the enqueue time it recorded (now_ns).
   int64_t on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a);
-  // Returns the start time it recorded, so callers need no second clock read:
-  // now_ns(), or `at` when given (an op run at issue starts when it is enqueued).
-  int64_t on_start(uint64_t seq, const std::string& algorithm, int nphases, int64_t at = 0);
+  // Returns the start time it recorded (now_ns).
+  int64_t on_start(uint64_t seq, const std::string& algorithm, int nphases);
   void on_end(uint64_t seq, bool ok);
+  // on_enqueue + on_start at one time, each field written once: an op run
+  // at issue, recorded while it waits (CommImpl::write_deferred_record).
+  int64_t on_run_at_issue(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string& algorithm,
+                          int nphases);
 
   // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md).
   nlohmann::json to_json() const;
@@ -56,6 +59,9 @@ class FlightRecorder {
     std::atomic<int64_t> t_enq{0}, t_start{0}, t_end{0};
     std::atomic<uint64_t> algo{0};  // first 8 chars of the algorithm name
   };
+  // The entry of `seq`, enqueued (algorithm null) or started at `now`.
+  void write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string* algorithm, int nphases,
+                   int64_t now);
   Entry& slot(uint64_t seq) const { return entries_[seq % cap_]; }
 
   size_t cap_;

@@ -138,6 +138,39 @@ TEST(Recorder, KeepsTheLastNOps) {
   EXPECT_EQ(FlightRecorder(0).to_json().size(), 0u);
 }
 
+// An op run at issue is recorded in one go while it waits (enqueued and
+// started at the same moment, each field written once): its entry reads as
+// a started op, and nothing of the older op its slot held is left.
+TEST(Recorder, AnOpRunAtIssueIsOneStartedEntry) {
+  FlightRecorder rec(2);
+  CollArgs p2p = coll(Collective::kSendRecv, 0, 0);
+  p2p.p2p.push_back({true, 1, 64});
+  rec.on_enqueue(0, 0, p2p);
+  rec.on_start(0, "p2p", 1);
+  rec.on_end(0, true);
+  rec.on_enqueue(1, 1, p2p);
+  const int64_t t = rec.on_run_at_issue(2, 7, coll(Collective::kAllReduce, 1000, 0), "rabenseifner", 5);
+  EXPECT_GT(t, 0);
+  auto j = rec.to_json();
+  ASSERT_EQ(j.size(), 2u);
+  const auto& e = j[1];
+  EXPECT_EQ(e["seq"], 2);
+  EXPECT_EQ(e["coll"], "allreduce");
+  EXPECT_EQ(e["coll_seq"], 7);
+  EXPECT_EQ(e["count"], 1000);
+  EXPECT_EQ(e["state"], "started");
+  EXPECT_EQ(e["algo"], "rabenseifner");
+  EXPECT_EQ(e["nphases"], 5);
+  EXPECT_EQ(e["enqueued_ns"], t);
+  EXPECT_EQ(e["started_ns"], t);
+  EXPECT_EQ(e["ended_ns"], 0) << "the slot's older op ended; this one has not";
+  EXPECT_FALSE(e.contains("p2p"));
+  rec.on_end(2, true);
+  EXPECT_EQ(rec.to_json()[1]["state"], "completed");
+  EXPECT_GT(FlightRecorder(0).on_run_at_issue(3, 3, coll(Collective::kAllReduce, 8, 0), "ring", 1), 0)
+      << "without a recorder the clock is still read (running_since)";
+}
+
 nlohmann::json rank_state(int rank, bool in_op) {
   nlohmann::json peers = nlohmann::json::array();
   for (int r = 0; r < 2; ++r) peers.push_back({{"rank", r}, {"pid", 100 + r}, {"host", "h"}, {"diag", ""}});
