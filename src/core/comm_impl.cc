@@ -485,7 +485,7 @@ void CommImpl::write_deferred_record() {
   // write of each field for both. Writing the enqueued entry and then the
   // started fields again measured 0.4-1.4% slower per 8 B op (2 ranks, in
   // process, modes alternating every 1000 ops; performance.md Run 28): the
-  // record's stores are not free even while the op waits.
+  // record is not free even while the op waits.
   const int64_t now = recorder_->on_run_at_issue(s.seq, s.coll_seq, s.args, deferred_sched_->algorithm,
                                                  static_cast<int>(deferred_sched_->phases.size()));
   running_since_ns_.store(now, std::memory_order_relaxed);

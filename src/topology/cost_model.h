@@ -89,7 +89,10 @@ struct CommCost {
   // beta. beta prices both copies of a FIFO message, the sender's in and the
   // receiver's out; a receiver that reduces reads the FIFO in the reduction
   // itself (priced by gamma), so only the sender's copy is left. 1 = off
-  // (across hosts, where the wire, not a copy, is beta).
+  // (across hosts and between GPUs, where beta is the wire or the link).
+  // The symmetric collectives only: the rooted model (rooted_receiver_reads)
+  // still charges a reduce's receiver its copy out of the FIFO (not
+  // measured there; reduce's algorithms all reduce on receipt alike).
   double fused_receive_factor = 1.0;
   // Fixed cost of a single-copy message beyond alpha: the read's system call
   // and the acknowledgement the sender waits for. Measured, 2 ranks: a 32 KiB
