@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "core/config.h"
 #include "loom/types.h"
 #include "topology/algo_override.h"
@@ -116,6 +117,30 @@ const std::vector<size_t>& table_sizes() {
   return kSizes;
 }
 
+// The algorithms a job offers the tuner for this call (CommImpl::schedule_for):
+// the registered ones that accept it (Algorithm::supports), rank 0's view of
+// a float sum of `bytes` as the perf tables count them (all_gather's output,
+// reduce_scatter's input, all_to_all's send buffer: nranks blocks). The
+// model also prices kinds no schedule implements (a direct reduce_scatter);
+// a job never picks those, so neither does this tool.
+std::vector<std::string> runnable(Collective coll, size_t bytes, const RankTopology& rt) {
+  CollArgs args;
+  args.coll = coll;
+  args.dt = DataType::kFloat32;
+  args.op = RedOp::kSum;
+  args.nranks = rt.nranks;
+  const bool blocks = coll == Collective::kAllGather || coll == Collective::kReduceScatter || coll == Collective::kAllToAll;
+  args.count = bytes / dtype_size(args.dt) / (blocks ? static_cast<size_t>(std::max(rt.nranks, 1)) : 1);
+  for (const RankInfo& r : rt.ranks) args.host_of_rank.push_back(r.host);
+  const int local =
+      static_cast<int>(std::count(args.host_of_rank.begin(), args.host_of_rank.end(), args.host_of_rank.empty() ? 0 : args.host_of_rank[0]));
+  args.oversubscribed = params::oversubscribed(local);
+  std::vector<std::string> names;
+  for (const Algorithm* algo : algorithms_for(coll))
+    if (algo->supports(args).is_ok()) names.emplace_back(algo->name);
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,12 +237,16 @@ int main(int argc, char** argv) {
   if (a.estimates) {
     // What the tuner weighs (LOOM_ALGO and plugins aside): for "why this
     // algorithm?" and for checking the model against a measured sweep.
+    const RankTopology placed = map_ranks(g, a.nranks, a.ranks_per_host);
     std::printf("collective,bytes,algorithm,predicted_us,chunk_bytes\n");
     for (int ci = 0; ci < kNumCollectives; ++ci) {
       const Collective coll = static_cast<Collective>(ci);
-      for (size_t bytes : a.sizes.empty() ? table_sizes() : a.sizes)
+      for (size_t bytes : a.sizes.empty() ? table_sizes() : a.sizes) {
+        const std::vector<std::string> names = runnable(coll, bytes, placed);
         for (const Estimate& e : tuner.estimate_all(coll, bytes, a.nranks))
-          std::printf("%s,%zu,%s,%.3f,%zu\n", collective_name(coll), bytes, algo_name(e.algo), e.us, e.chunk_bytes);
+          if (std::find(names.begin(), names.end(), algo_name(e.algo)) != names.end())
+            std::printf("%s,%zu,%s,%.3f,%zu\n", collective_name(coll), bytes, algo_name(e.algo), e.us, e.chunk_bytes);
+      }
     }
     return 0;
   }
@@ -318,7 +347,9 @@ int main(int argc, char** argv) {
   for (int ci = 0; ci < kNumCollectives; ++ci) {
     Collective coll = static_cast<Collective>(ci);
     for (size_t bytes : table_sizes()) {
-      auto sel = tuner.select(coll, bytes, n, {});
+      const std::vector<std::string> names = runnable(coll, bytes, rt);
+      if (names.empty()) continue;
+      auto sel = tuner.select(coll, bytes, n, names);
       if (!sel.is_ok()) continue;
       const Selection& s = sel.value();
       if (a.json) {
