@@ -129,16 +129,10 @@ std::vector<std::string> runnable(Collective coll, size_t bytes, const RankTopol
   args.dt = DataType::kFloat32;
   args.op = RedOp::kSum;
   args.nranks = rt.nranks;
-  const bool blocks = coll == Collective::kAllGather || coll == Collective::kReduceScatter || coll == Collective::kAllToAll;
-  args.count = bytes / dtype_size(args.dt) / (blocks ? static_cast<size_t>(std::max(rt.nranks, 1)) : 1);
+  args.count = bytes / dtype_size(args.dt) / (bytes_are_blocks(coll) ? static_cast<size_t>(std::max(rt.nranks, 1)) : 1);
   for (const RankInfo& r : rt.ranks) args.host_of_rank.push_back(r.host);
-  const int local =
-      static_cast<int>(std::count(args.host_of_rank.begin(), args.host_of_rank.end(), args.host_of_rank.empty() ? 0 : args.host_of_rank[0]));
-  args.oversubscribed = params::oversubscribed(local);
-  std::vector<std::string> names;
-  for (const Algorithm* algo : algorithms_for(coll))
-    if (algo->supports(args).is_ok()) names.emplace_back(algo->name);
-  return names;
+  args.oversubscribed = params::oversubscribed(params::ranks_on_host_of(args.host_of_rank, 0, rt.nranks));
+  return runnable_algorithms(args);
 }
 
 }  // namespace

@@ -62,6 +62,13 @@ std::vector<const Algorithm*> algorithms_for(Collective coll) {
   return out;
 }
 
+std::vector<std::string> runnable_algorithms(const CollArgs& args) {
+  std::vector<std::string> names;
+  for (const Algorithm* algo : algorithms_for(args.coll))
+    if (algo->supports(args).is_ok()) names.emplace_back(algo->name);
+  return names;
+}
+
 const Algorithm* find_algorithm(Collective coll, const std::string& name) {
   for (const auto& a : all_algorithms())
     if (a.coll == coll && name == a.name) return &a;

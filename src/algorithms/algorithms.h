@@ -24,6 +24,9 @@ const std::vector<Algorithm>& all_algorithms();
 // Algorithms registered for one collective.
 std::vector<const Algorithm*> algorithms_for(Collective coll);
 const Algorithm* find_algorithm(Collective coll, const std::string& name);
+// The registered algorithms that accept `args` (Algorithm::supports), by
+// name, in preference order: what a job offers the tuner for the call.
+std::vector<std::string> runnable_algorithms(const CollArgs& args);
 
 // Checks args (nranks, rank, root, counts) and builds the schedule with the
 // named algorithm, or the first supporting one when name is empty.

@@ -366,14 +366,8 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   // Cache miss: ask the tuner among the algorithms that can serve this call.
   CollArgs args = a;
   args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
-  {
-    const int mine = host_of_rank_.empty() ? 0 : host_of_rank_[static_cast<size_t>(rank_)];
-    const auto local = host_of_rank_.empty() ? nranks_ : std::count(host_of_rank_.begin(), host_of_rank_.end(), mine);
-    args.oversubscribed = params::oversubscribed(static_cast<int>(local));
-  }
-  std::vector<std::string> available;
-  for (const Algorithm* algo : algorithms_for(a.coll))
-    if (algo->supports(args).is_ok()) available.push_back(algo->name);
+  args.oversubscribed = params::oversubscribed(params::ranks_on_host_of(host_of_rank_, rank_, nranks_));
+  const std::vector<std::string> available = runnable_algorithms(args);
   std::string chosen;
   const size_t bytes = a.count * dtype_size(a.dt);  // per-rank count (NCCL's), logged as is
   // The cost model counts all_gather's whole output, reduce_scatter's whole
@@ -381,9 +375,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   // blocks. Regression: it was handed one block, so every prediction and
   // pipelining chunk was for a buffer nranks times smaller than the real one
   // (test: inproc/test_tuner_sizes).
-  const bool blocks = a.coll == Collective::kAllGather || a.coll == Collective::kReduceScatter ||
-                      a.coll == Collective::kAllToAll;
-  const size_t model_bytes = blocks ? bytes * static_cast<size_t>(a.nranks) : bytes;
+  const size_t model_bytes = topo::bytes_are_blocks(a.coll) ? bytes * static_cast<size_t>(a.nranks) : bytes;
   if (tuner_ && !available.empty()) {
     auto sel = tuner_->select(a.coll, model_bytes, a.nranks, available);
     if (sel.is_ok()) {

@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -246,6 +247,11 @@ uint64_t copy_stream_bytes() {
   return env_bytes("LOOM_COPY_STREAM_BYTES", host_llc_bytes() / 4);
 }
 bool oversubscribed(int local_ranks) { return local_ranks > host_cores(); }
+
+int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks) {
+  if (host_of_rank.empty()) return nranks;
+  return static_cast<int>(std::count(host_of_rank.begin(), host_of_rank.end(), host_of_rank[static_cast<size_t>(rank)]));
+}
 
 uint64_t shm_fifo_step_bytes(int local_ranks) {
   if (env_raw("LOOM_SHM_FIFO_STEP_BYTES")) return env_bytes("LOOM_SHM_FIFO_STEP_BYTES", 0);

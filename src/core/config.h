@@ -55,6 +55,8 @@ size_t host_llc_bytes();
 uint64_t copy_stream_bytes();
 // More ranks on this host than it has CPUs online.
 bool oversubscribed(int local_ranks);
+// The ranks on `rank`'s host (host_of_rank[r]: rank r's host; empty: one host).
+int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks);
 // Reduced messages between ranks in different processes (the tuner's case).
 uint64_t shm_single_copy_xproc_bytes(int local_ranks);
 uint64_t shm_single_copy_plain_bytes(int local_ranks);

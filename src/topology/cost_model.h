@@ -167,4 +167,10 @@ struct Estimate {
 // (e.g. hypercube all_gather needs a power of two).
 std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int nranks, const CommCost& c);
 
+// Collectives whose `bytes` (the conventions above) are nranks blocks of a
+// rank's count: all_gather, reduce_scatter, all_to_all.
+inline bool bytes_are_blocks(Collective coll) {
+  return coll == Collective::kAllGather || coll == Collective::kReduceScatter || coll == Collective::kAllToAll;
+}
+
 }  // namespace loom::topo
