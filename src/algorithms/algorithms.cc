@@ -91,7 +91,10 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
       return invalid_argument(fmt::format("peer {} out of range [0, {})", p.peer, args.nranks));
   auto make = [&](const Algorithm* a) -> Result<RankSchedule> {
     Result<RankSchedule> s = a->make(args);
-    if (s.is_ok()) s->reduced_class = moves_as_reduced(args.coll, args.nranks, std::strcmp(a->name, "direct") == 0);
+    if (s.is_ok()) {
+      s->reduced_class = moves_as_reduced(args.coll, args.nranks, std::strcmp(a->name, "direct") == 0);
+      mark_first_contacts(*s);
+    }
     return s;
   };
   if (!algorithm.empty()) {
@@ -108,6 +111,21 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
     last = st;
   }
   return last;
+}
+
+void mark_first_contacts(RankSchedule& s) {
+  std::vector<uint8_t> sent, received;  // per peer: a transfer already marked
+  for (Phase& ph : s.phases)
+    for (Step& st : ph.steps) {
+      st.first_contact = false;
+      if (!is_comm_step(st.kind) || st.count == 0 || st.peer < 0) continue;
+      auto& seen = st.kind == StepKind::kSend ? sent : received;
+      if (static_cast<size_t>(st.peer) >= seen.size()) seen.resize(static_cast<size_t>(st.peer) + 1, 0);
+      if (seen[static_cast<size_t>(st.peer)]) continue;
+      seen[static_cast<size_t>(st.peer)] = 1;
+      st.first_contact = true;
+    }
+  s.contacts_marked = true;
 }
 
 std::string describe(const Step& s) {

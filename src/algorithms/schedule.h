@@ -76,6 +76,11 @@ struct Step {
   // own work left (the next op, when ranks share cores) then waits for a
   // reader that may itself be waiting for its turn on a core.
   bool unmapped = false;
+  // Transfers only (diag): the op's first send to, or first receive from,
+  // this peer; it carries the op's in-band fingerprint (diag/fingerprint.h).
+  // Set by mark_first_contacts, once per schedule, so the executor needs no
+  // per-op bookkeeping of which peers it has already spoken to.
+  bool first_contact = false;
 };
 
 inline bool is_comm_step(StepKind k) {
@@ -97,7 +102,18 @@ struct RankSchedule {
   // not ..._PLAIN_BYTES). Both ends build the same op, so they agree on every
   // message's class.
   bool reduced_class = false;
+  // Step::first_contact is set (mark_first_contacts). The executor refuses
+  // to run an unmarked schedule with fingerprints on: both ends must agree
+  // on which messages carry one.
+  bool contacts_marked = false;
 };
+
+// Sets Step::first_contact on the first send to and the first receive from
+// each peer, in the order the executor runs the steps (phase by phase, step
+// by step; transfers of no elements send nothing and are skipped), and
+// contacts_marked. make_schedule calls it; a schedule built by hand calls it
+// before it runs.
+void mark_first_contacts(RankSchedule& s);
 
 // A point-to-point operation inside a group (Collective::kSendRecv); its
 // buffer is kBufUser + its index in CollArgs::p2p.

@@ -60,6 +60,7 @@ RankSchedule ping_pong(bool initiator, int peer, size_t bytes) {
   }
   s.phases.push_back(Phase{{first}});
   s.phases.push_back(Phase{{second}});
+  mark_first_contacts(s);
   return s;
 }
 
@@ -219,6 +220,7 @@ RankSchedule shift_rounds(int rank, int nranks, int d, int rounds, size_t bytes)
     rcv.count = bytes;
     s.phases.push_back(Phase{{snd, rcv}});
   }
+  mark_first_contacts(s);
   return s;
 }
 

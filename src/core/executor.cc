@@ -29,8 +29,6 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       yield_mask_(params::oversubscribed(nranks) ? 7 : 127),
       send_gate_(nranks, 0),
       recv_gate_(nranks, 0),
-      send_hdr_token_(nranks, 0),
-      recv_hdr_token_(nranks, 0),
       hdr_out_(nranks),
       hdr_in_(nranks) {
   stream_bytes_ = params::copy_stream_bytes();
@@ -59,9 +57,13 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
     if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
     bufs[kBufScratch] = scratch_;
   }
+  // diag: which messages carry the op's fingerprint is marked in the
+  // schedule (Step::first_contact); both ends must mark theirs.
+  if (fp_ && !sched.contacts_marked)
+    return internal_error(fmt::format("{}: schedule '{}' has no fingerprint marks (mark_first_contacts)", what,
+                                      sched.algorithm));
   progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
   reduced_class_ = sched.reduced_class;
-  ++op_token_;  // diag: a new op -> every peer's first message carries a fingerprint again
   progress_.nslots.store(0, std::memory_order_relaxed);
   // The op's writes owe their doorbells until the phase waits or ends
   // (Transport::hold_doorbells): a send does not stall until its cache line
@@ -108,7 +110,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         if (s.kind == StepKind::kSend) a.src = ptr(s.src);
         else a.dst = ptr(s.dst);
         if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
-        if (fp_) arm_fingerprint(a);  // diag
+        if (s.first_contact && fp_) arm_fingerprint(a);  // diag
         active_.push_back(a);
       }
     }
@@ -186,7 +188,31 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         a.conn->set_recv_reduced(s.kind == StepKind::kRecvReduce || reduced_class_);
         // ---- diag: consume and check the peer's fingerprint before its first bytes
         if (a.hdr_left) {
-          Status fst = recv_fingerprint(a, moved, dt, op);
+          if (a.coalesced && a.hdr_left == diag::kFingerprintBytes) {
+            // Fast path, here rather than in a call (~40 instructions per
+            // 8 B op): the whole small message is in and contiguous: check
+            // the header in place and land the data (one consume, one doorbell).
+            const size_t len = diag::kFingerprintBytes + a.total;
+            auto span = a.conn->recv_peek(len);
+            if (span.empty()) {  // the usual poll while the peer is on its way
+              recv_gate_[s.peer] = iter_;
+              all_done = false;
+              continue;
+            }
+            if (span.size() == len) {
+              Status fst = fp_->check(s.peer, s.count, span.data());
+              if (!fst.is_ok()) return Status(fst.code(), what + ": " + fst.message());
+              const std::byte* data = span.data() + diag::kFingerprintBytes;
+              if (s.kind == StepKind::kRecv) mem_->copy(a.dst, data, a.total);
+              else reduce_received(s, a.dst, a.src, data, a.total / es, dt, op);
+              a.conn->recv_consume(len, len);
+              a.hdr_left = 0;
+              a.done = a.total;
+              moved = true;
+              continue;
+            }
+          }
+          Status fst = recv_fingerprint(a, moved);
           if (!fst.is_ok()) return Status(fst.code(), what + ": " + fst.message());
           if (a.hdr_left) {
             recv_gate_[s.peer] = iter_;
@@ -341,73 +367,66 @@ bool Executor::wait_on_watches() {
 // ---- diag: fingerprints and recorder progress -----------------------------
 
 void Executor::arm_fingerprint(Active& a) {
-  const int p = a.step->peer;
-  if (a.step->kind == StepKind::kSend) {
-    if (send_hdr_token_[p] == op_token_) return;
-    send_hdr_token_[p] = op_token_;
-    if (hdr_out_[p].empty()) hdr_out_[p].resize(diag::kFingerprintBytes + kCoalesceBytes);
-    fp_->encode(p, a.step->count, hdr_out_[p].data());
-  } else {
-    if (recv_hdr_token_[p] == op_token_) return;
-    recv_hdr_token_[p] = op_token_;
-  }
   // Both sides decide from the message size, which they agree on whenever
   // their calls match (and when they do not, the header says so first).
   a.coalesced = a.total <= kCoalesceBytes;
-  a.hdr_left = diag::kFingerprintBytes + (a.step->kind == StepKind::kSend && a.coalesced ? a.total : 0);
+  if (a.step->kind != StepKind::kSend) {
+    a.hdr_left = diag::kFingerprintBytes;
+    return;
+  }
+  a.hdr_left = diag::kFingerprintBytes + (a.coalesced ? a.total : 0);
+  // A send/recv's header names the peer and the message: written per peer
+  // now. A collective's is the same for every peer (Fingerprint::header).
+  if (fp_->per_peer()) fp_->encode(a.step->peer, a.step->count, stage(a.step->peer));
+}
+
+std::byte* Executor::stage(int peer) {
+  auto& buf = hdr_out_[peer];
+  if (buf.empty()) buf.resize(diag::kFingerprintBytes + kCoalesceBytes);
+  return buf.data();
 }
 
 void Executor::send_fingerprint(Active& a, bool& moved) {
   const int p = a.step->peer;
-  std::byte* stage = hdr_out_[p].data();
   const size_t len = diag::kFingerprintBytes + (a.coalesced ? a.total : 0);
-  // Copied once, at the first attempt, after the phase's local steps ran. Not
+  // Staged once, at the first attempt, after the phase's local steps ran. Not
   // again when that attempt moved nothing: a single-copy peer may already be
   // reading the stage (regression: TSan saw the re-copy race with its read).
-  if (a.coalesced && !a.staged) {
-    // Header and data written from where they lie, as one message, when the
-    // transport can (shm slots and FIFO): no copy into the stage first.
-    // Measured, 2 ranks, blocking allreduce: 1 KiB 0.96 -> 0.83 us, 4 KiB
-    // 1.34 -> 1.15 (performance.md Run 21).
-    const size_t sent = a.conn->send_gather(stage, diag::kFingerprintBytes, a.src, a.total);
-    if (sent != Connection::kNoGather) {
-      if (sent == 0) return;  // no room for it whole yet: try again
-      a.hdr_left = 0;
-      a.done = a.total;
-      moved = true;
-      return;
+  if (!a.staged) {
+    const std::byte* hdr = fp_->per_peer() ? stage(p) : fp_->header();
+    if (a.coalesced) {
+      // Header and data written from where they lie, as one message, when
+      // the transport can (shm slots and FIFO): no copy into the stage first.
+      // Measured, 2 ranks, blocking allreduce: 1 KiB 0.96 -> 0.83 us, 4 KiB
+      // 1.34 -> 1.15 (performance.md Run 21). The transport copies both
+      // pieces before it returns, so a collective's header goes out of the
+      // fingerprint itself, which the next op rewrites.
+      const size_t sent = a.conn->send_gather(hdr, diag::kFingerprintBytes, a.src, a.total);
+      if (sent != Connection::kNoGather) {
+        if (sent == 0) return;  // no room for it whole yet: try again
+        a.hdr_left = 0;
+        a.done = a.total;
+        moved = true;
+        return;
+      }
     }
-    std::memcpy(stage + diag::kFingerprintBytes, a.src, a.total);
+    // The header (and a small message's data) from the stage: a transport
+    // may still read it after send_some returns (single copy).
+    std::byte* st = stage(p);
+    if (hdr != st) std::memcpy(st, hdr, diag::kFingerprintBytes);
+    if (a.coalesced) std::memcpy(st + diag::kFingerprintBytes, a.src, a.total);
     a.staged = true;
   }
-  size_t n = a.conn->send_some(stage + (len - a.hdr_left), a.hdr_left);
+  size_t n = a.conn->send_some(hdr_out_[p].data() + (len - a.hdr_left), a.hdr_left);
   a.hdr_left -= n;
   moved = moved || n > 0;
   if (a.coalesced && a.hdr_left == 0) a.done = a.total;
 }
 
-Status Executor::recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op) {
+Status Executor::recv_fingerprint(Active& a, bool& moved) {
+  // The header in pieces (a large message's, or a small one not yet whole;
+  // run_phase checks a whole small one in place).
   const int p = a.step->peer;
-  if (a.coalesced && a.hdr_left == diag::kFingerprintBytes) {
-    // Fast path: the whole small message is here and contiguous: check the
-    // header and land the data in one go (one consume, one doorbell).
-    const size_t len = diag::kFingerprintBytes + a.total;
-    auto span = a.conn->recv_peek(len);
-    if (span.size() == len) {
-      LOOM_RETURN_IF_ERROR(fp_->check(p, a.step->count, span.data()));
-      const std::byte* data = span.data() + diag::kFingerprintBytes;
-      if (a.step->kind == StepKind::kRecv) mem_->copy(a.dst, data, a.total);
-      else reduce_received(*a.step, a.dst, a.src, data, a.total / dtype_size(dt), dt, op);
-      a.conn->recv_consume(len, len);
-      a.hdr_left = 0;
-      a.done = a.total;
-      moved = true;
-      return Status::ok();
-    }
-    // Nothing yet (the usual poll while the peer is on its way): peeking
-    // again below would find nothing either.
-    if (span.empty()) return Status::ok();
-  }
   while (a.hdr_left) {
     // A coalesced message holds the header and then the data: the header
     // is only the first part of what is left of it.

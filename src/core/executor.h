@@ -87,9 +87,10 @@ class Executor {
                    const std::string& what, size_t phase_index, size_t nphases);
   Status ensure_scratch(size_t bytes);
   // ---- diag: fingerprint header handling (see diag/fingerprint.h)
-  void arm_fingerprint(Active& a);
+  void arm_fingerprint(Active& a);  // for a Step::first_contact transfer
+  std::byte* stage(int peer);        // hdr_out_[peer], allocated on first use
   void send_fingerprint(Active& a, bool& moved);
-  Status recv_fingerprint(Active& a, bool& moved, DataType dt, RedOp op);
+  Status recv_fingerprint(Active& a, bool& moved);
   // A receive-reduce's arithmetic: dst = local OP incoming, or incoming OP
   // local when the step puts the peer's partial first (Step::incoming_first).
   void reduce_received(const Step& s, std::byte* dst, const std::byte* local, const std::byte* incoming, size_t count,
@@ -120,16 +121,14 @@ class Executor {
   std::vector<uint64_t> send_gate_, recv_gate_;
   uint64_t iter_ = 0;
   ExecProgress progress_;
-  // ---- diag: fingerprint state; tokens say which run() last used a peer's header
+  // ---- diag: fingerprint state (the messages that carry it: Step::first_contact)
   const diag::Fingerprint* fp_ = nullptr;
   void (*deferred_fn_)(void*) = nullptr;
   void* deferred_ctx_ = nullptr;
-  uint64_t op_token_ = 0;
   bool reduced_class_ = false;  // RankSchedule::reduced_class of the running op
   // Plain receives of at least this many bytes land with streaming stores
   // (LOOM_COPY_STREAM_BYTES; 0 = never).
   uint64_t stream_bytes_ = 0;
-  std::vector<uint64_t> send_hdr_token_, recv_hdr_token_;
   // Small first messages travel with the header as one message (one doorbell,
   // one wake-up): header + up to kCoalesceBytes of data, staged per peer.
   static constexpr size_t kCoalesceBytes = 4096;

@@ -42,6 +42,11 @@ class Fingerprint {
   // `args` must outlive the op; rank = this rank. Also prepares this op's
   // collective header, so that encode and check cost a copy and a compare.
   void set(const CollArgs* args, uint64_t seq, uint64_t coll_seq);
+  // Whether the header depends on the peer and message (send/recv); if
+  // not, header() is every peer's.
+  bool per_peer() const { return args_->coll == Collective::kSendRecv; }
+  // This op's collective header (prepared by set; not for send/recv).
+  const std::byte* header() const { return header_; }
   // Header for the first message of this op to `peer`; step_count = that
   // message's element count (compared for send/recv).
   void encode(int peer, size_t step_count, std::byte* out) const {

@@ -616,6 +616,101 @@ TEST(Schedules, BinomialReduceSplitsWorkAcrossCoresOnOneHost) {
       }
 }
 
+// The in-band fingerprint rides on the first message of an op between two
+// ranks (diag/fingerprint.h). Which messages those are is marked once per
+// schedule (Step::first_contact, mark_first_contacts) instead of tracked per
+// op by the executor; both ends must mark the same message: rank r's first
+// send to p is the message p's first receive from r reads. For every
+// algorithm and shape: exactly one marked send per (rank, peer) it sends
+// anything to and one marked receive per peer it receives from, each the
+// first such transfer in the executor's order, and each marked send paired
+// with a marked receive on the peer (sends and receives between two ranks
+// happen in the same order on both ends, so the first meets the first).
+TEST(Schedules, FingerprintMarksTheFirstTransferBetweenTwoRanks) {
+  size_t checked = 0;
+  for (const Algorithm& algo : all_algorithms()) {
+    for (int n = 2; n <= 9; ++n) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{100}}) {
+        std::vector<RankSchedule> scheds;
+        bool supported = true;
+        for (int r = 0; r < n && supported; ++r) {
+          CollArgs a = rooted(algo.coll, n, r, n - 1, count);
+          a.chunk_elems = 3;
+          if (algo.coll == Collective::kSendRecv) a.p2p = {{true, (r + 1) % n, count}, {false, (r + n - 1) % n, count}};
+          if (!algo.supports(a).is_ok()) {
+            supported = false;
+            break;
+          }
+          auto s = make_schedule(a, algo.name);
+          ASSERT_TRUE(s.is_ok()) << algo.name << " n=" << n << ": " << s.status().to_string();
+          ASSERT_TRUE(s->contacts_marked) << algo.name;
+          scheds.push_back(std::move(*s));
+        }
+        if (!supported) continue;
+        // first[r][p]: rank r's first send to p (kind 0) / receive from p (kind 1),
+        // as (phase, step) in execution order; marked[..]: the marked one.
+        using Pos = std::pair<int, int>;
+        const Pos none{-1, -1};
+        std::vector<std::vector<std::array<Pos, 2>>> first(n, std::vector<std::array<Pos, 2>>(n, {none, none}));
+        auto marked = first;
+        for (int r = 0; r < n; ++r)
+          for (size_t ph = 0; ph < scheds[r].phases.size(); ++ph)
+            for (size_t i = 0; i < scheds[r].phases[ph].steps.size(); ++i) {
+              const Step& st = scheds[r].phases[ph].steps[i];
+              const Pos at{static_cast<int>(ph), static_cast<int>(i)};
+              if (!is_comm_step(st.kind)) {
+                EXPECT_FALSE(st.first_contact) << algo.name << ": a local step is marked";
+                continue;
+              }
+              const int k = st.kind == StepKind::kSend ? 0 : 1;
+              if (st.count == 0) {
+                EXPECT_FALSE(st.first_contact) << algo.name << ": an empty transfer sends no header";
+                continue;
+              }
+              if (first[r][st.peer][k] == none) first[r][st.peer][k] = at;
+              if (st.first_contact) {
+                EXPECT_EQ(marked[r][st.peer][k], none) << algo.name << " n=" << n << " rank " << r << ": two marks";
+                marked[r][st.peer][k] = at;
+              }
+            }
+        for (int r = 0; r < n; ++r)
+          for (int p = 0; p < n; ++p) {
+            for (int k = 0; k < 2; ++k)
+              EXPECT_EQ(marked[r][p][k], first[r][p][k])
+                  << algo.name << " n=" << n << " count=" << count << " rank " << r << " peer " << p << " kind " << k;
+            EXPECT_EQ(marked[r][p][0] != none, marked[p][r][1] != none)
+                << algo.name << " n=" << n << " count=" << count << ": rank " << r << "'s first send to " << p
+                << " has no first receive there";
+            ++checked;
+          }
+      }
+    }
+  }
+  EXPECT_GT(checked, 5000u);
+
+  // By hand: empty transfers and local steps carry nothing; the marks move
+  // to the next transfer in order; marking again gives the same marks.
+  RankSchedule s;
+  auto step = [](StepKind k, int peer, size_t count) {
+    Step st;
+    st.kind = k;
+    st.peer = k == StepKind::kCopy ? -1 : peer;
+    st.count = count;
+    return st;
+  };
+  s.phases.push_back(Phase{{step(StepKind::kCopy, 0, 4), step(StepKind::kSend, 1, 0), step(StepKind::kRecv, 1, 4)}});
+  s.phases.push_back(Phase{{step(StepKind::kSend, 1, 4), step(StepKind::kRecvReduce, 1, 4), step(StepKind::kSend, 2, 4)}});
+  s.phases.push_back(Phase{{step(StepKind::kSend, 1, 4), step(StepKind::kRecv, 2, 4)}});
+  for (int pass = 0; pass < 2; ++pass) {
+    mark_first_contacts(s);
+    EXPECT_TRUE(s.contacts_marked);
+    const std::vector<std::vector<bool>> want = {{false, false, true}, {true, false, true}, {false, true}};
+    for (size_t ph = 0; ph < want.size(); ++ph)
+      for (size_t i = 0; i < want[ph].size(); ++i)
+        EXPECT_EQ(s.phases[ph].steps[i].first_contact, want[ph][i]) << "pass " << pass << " phase " << ph << " step " << i;
+  }
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
