@@ -130,7 +130,23 @@ uint64_t algo_word(const std::string& algorithm) {
 }  // namespace
 
 FlightRecorder::FlightRecorder(size_t capacity)
-    : cap_(capacity), entries_(capacity ? new Entry[capacity] : nullptr) {}
+    : cap_(capacity),
+      mask_(ring_size(capacity) - 1),
+      entries_(capacity ? new Entry[ring_size(capacity)] : nullptr),
+      p2p_(capacity ? new P2pEntry[ring_size(capacity)] : nullptr) {}
+
+size_t FlightRecorder::ring_size(size_t capacity) {
+  size_t n = 1;
+  while (n < capacity) n <<= 1;
+  return n;
+}
+
+uint32_t FlightRecorder::pack_info(Collective coll, DataType dt, RedOp op, OpState state, int nphases) {
+  static_assert(kNumDataTypes <= 16 && kNumRedOps <= 16 && kNumCollectives <= 16, "4 bits each");
+  const uint32_t phases = static_cast<uint32_t>(std::clamp(nphases, 0, 0xffff));
+  return (static_cast<uint32_t>(coll) & 0xf) | (static_cast<uint32_t>(dt) & 0xf) << 4 |
+         (static_cast<uint32_t>(op) & 0xf) << 8 | static_cast<uint32_t>(state) << 12 | phases << 16;
+}
 
 int64_t FlightRecorder::on_enqueue(uint64_t seq, uint64_t coll_seq, const CollArgs& a) {
   const int64_t now = now_ns();
@@ -151,24 +167,23 @@ void FlightRecorder::write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs
   Entry& e = slot(seq);
   e.seq.store(~0ull, r);  // readers skip the slot while it is rewritten
   e.coll_seq.store(coll_seq, r);
-  e.coll.store(static_cast<int>(a.coll), r);
-  e.dt.store(static_cast<int>(a.dt), r);
-  e.op.store(static_cast<int>(a.op), r);
-  e.root.store(a.root, r);
   e.count.store(a.count, r);
-  const int np = static_cast<int>(std::min<size_t>(a.p2p.size(), kMaxP2p));
-  for (int i = 0; i < np; ++i) {
-    const P2pOp& p = a.p2p[i];
-    int64_t c = static_cast<int64_t>(std::min<size_t>(p.count, 0x7fffffff));
-    e.p2p[i].store((static_cast<int64_t>(p.peer) << 1 | (p.is_send ? 1 : 0)) << 32 | c, r);
-  }
-  e.np2p.store(a.coll == Collective::kSendRecv ? static_cast<int>(a.p2p.size()) : 0, r);
-  e.state.store(static_cast<int>(algorithm ? OpState::kStarted : OpState::kEnqueued), r);
-  e.nphases.store(nphases, r);
   e.algo.store(algorithm ? algo_word(*algorithm) : 0, r);
   e.t_enq.store(now, r);
   e.t_start.store(algorithm ? now : 0, r);
   e.t_end.store(0, r);
+  e.root.store(a.root, r);
+  e.info.store(pack_info(a.coll, a.dt, a.op, algorithm ? OpState::kStarted : OpState::kEnqueued, nphases), r);
+  if (a.coll == Collective::kSendRecv) {
+    P2pEntry& pe = p2p_[seq & mask_];
+    const int np = static_cast<int>(std::min<size_t>(a.p2p.size(), kMaxP2p));
+    for (int i = 0; i < np; ++i) {
+      const P2pOp& p = a.p2p[i];
+      int64_t c = static_cast<int64_t>(std::min<size_t>(p.count, 0x7fffffff));
+      pe.p2p[i].store((static_cast<int64_t>(p.peer) << 1 | (p.is_send ? 1 : 0)) << 32 | c, r);
+    }
+    pe.np2p.store(static_cast<int>(a.p2p.size()), r);
+  }
   e.seq.store(seq, std::memory_order_release);
   // Only ever forward: an op run at issue is recorded when it first waits
   // (CommImpl::run_sub), possibly after a later op was queued and recorded.
@@ -179,10 +194,13 @@ int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int
   const int64_t now = now_ns();
   if (!cap_) return now;
   Entry& e = slot(seq);
-  e.algo.store(algo_word(algorithm), std::memory_order_relaxed);
-  e.nphases.store(nphases, std::memory_order_relaxed);
-  e.t_start.store(now, std::memory_order_relaxed);
-  e.state.store(static_cast<int>(OpState::kStarted), std::memory_order_release);
+  constexpr auto r = std::memory_order_relaxed;
+  e.algo.store(algo_word(algorithm), r);
+  e.t_start.store(now, r);
+  // The phases and the state in one store (this thread wrote the rest of info).
+  const uint32_t info = e.info.load(r);
+  e.info.store(with_state(info & 0xffffu, OpState::kStarted) | static_cast<uint32_t>(std::clamp(nphases, 0, 0xffff)) << 16,
+               std::memory_order_release);
   return now;
 }
 
@@ -190,7 +208,8 @@ void FlightRecorder::on_end(uint64_t seq, bool ok) {
   if (!cap_) return;
   Entry& e = slot(seq);
   e.t_end.store(now_ns(), std::memory_order_relaxed);
-  e.state.store(static_cast<int>(ok ? OpState::kCompleted : OpState::kFailed), std::memory_order_release);
+  e.info.store(with_state(e.info.load(std::memory_order_relaxed), ok ? OpState::kCompleted : OpState::kFailed),
+               std::memory_order_release);
 }
 
 namespace {
@@ -218,29 +237,31 @@ nlohmann::json FlightRecorder::to_json() const {
   for (uint64_t s = begin; s < end; ++s) {
     const Entry& e = slot(s);
     if (e.seq.load(std::memory_order_acquire) != s) continue;
-    const auto coll = static_cast<Collective>(e.coll.load());
+    const uint32_t info = e.info.load(std::memory_order_acquire);
+    const auto coll = static_cast<Collective>(info & 0xf);
     nlohmann::json j;
     j["seq"] = s;
     j["coll"] = collective_name(coll);
     j["count"] = e.count.load();
-    j["dtype"] = dtype_name(static_cast<DataType>(e.dt.load()));
+    j["dtype"] = dtype_name(static_cast<DataType>(info >> 4 & 0xf));
     if (coll == Collective::kSendRecv) {
+      const P2pEntry& pe = p2p_[s & mask_];
       nlohmann::json p2p = nlohmann::json::array();
-      const int np = std::min(e.np2p.load(), kMaxP2p);
+      const int np = std::min(pe.np2p.load(), kMaxP2p);
       for (int i = 0; i < np; ++i) {
-        int64_t v = e.p2p[i].load();
+        int64_t v = pe.p2p[i].load();
         p2p.push_back({{"send", ((v >> 32) & 1) != 0}, {"peer", static_cast<int>(v >> 33)}, {"count", v & 0x7fffffff}});
       }
       j["p2p"] = std::move(p2p);
-      j["p2p_total"] = e.np2p.load();
+      j["p2p_total"] = pe.np2p.load();
     } else {
       j["coll_seq"] = e.coll_seq.load();
-      j["op"] = redop_name(static_cast<RedOp>(e.op.load()));
+      j["op"] = redop_name(static_cast<RedOp>(info >> 8 & 0xf));
       j["root"] = e.root.load();
     }
     j["algo"] = algo_full_name(e.algo.load());
-    j["state"] = op_state_name(static_cast<OpState>(e.state.load()));
-    j["nphases"] = e.nphases.load();
+    j["state"] = op_state_name(static_cast<OpState>(info >> 12 & 0xf));
+    j["nphases"] = static_cast<int>(info >> 16);
     j["enqueued_ns"] = e.t_enq.load();
     j["started_ns"] = e.t_start.load();
     j["ended_ns"] = e.t_end.load();

@@ -171,6 +171,55 @@ TEST(Recorder, AnOpRunAtIssueIsOneStartedEntry) {
       << "without a recorder the clock is still read (running_since)";
 }
 
+// An entry is one cache line: the call's small fields share one word, and the
+// ring holds a power of two of entries (a mask, not a division, per op). A
+// dump still keeps exactly the last N ops for any N, and every field reads
+// back as written, at the edges of its bits.
+TEST(Recorder, OneLineEntriesKeepEveryFieldAndTheLastNOfAnyN) {
+  FlightRecorder rec(3);  // a ring of 4, a dump of 3
+  EXPECT_EQ(rec.capacity(), 3u);
+  CollArgs a = coll(Collective::kBroadcast, (size_t{1} << 40) + 3, 0, 2'000'000'000);
+  a.dt = static_cast<DataType>(kNumDataTypes - 1);
+  a.op = RedOp::kAvg;
+  CollArgs p2p = coll(Collective::kSendRecv, 0, 0);
+  for (int i = 0; i < 6; ++i) p2p.p2p.push_back({i % 2 == 0, 100 + i, size_t{1} << 33});
+  for (uint64_t s = 0; s < 10; ++s) {
+    if (s == 8) {
+      rec.on_enqueue(s, s, p2p);
+      rec.on_start(s, "p2p", 70000);  // phases saturate at 65535
+      rec.on_end(s, false);
+    } else {
+      rec.on_run_at_issue(s, s + 1000, a, "rabenseifner", static_cast<int>(s));
+      if (s != 9) rec.on_end(s, true);
+    }
+  }
+  auto j = rec.to_json();
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["seq"], 7);
+  const auto& b = j[2];
+  EXPECT_EQ(b["seq"], 9);
+  EXPECT_EQ(b["coll"], "broadcast");
+  EXPECT_EQ(b["count"], (uint64_t{1} << 40) + 3);
+  EXPECT_EQ(b["dtype"], dtype_name(a.dt));
+  EXPECT_EQ(b["op"], "avg");
+  EXPECT_EQ(b["root"], 2'000'000'000);
+  EXPECT_EQ(b["coll_seq"], 1009);
+  EXPECT_EQ(b["nphases"], 9);
+  EXPECT_EQ(b["state"], "started");
+  EXPECT_EQ(b["algo"], "rabenseifner");
+  EXPECT_EQ(j[0]["state"], "completed");
+  const auto& p = j[1];
+  EXPECT_EQ(p["coll"], "sendrecv") << p.dump();
+  EXPECT_EQ(p["state"], "failed");
+  EXPECT_EQ(p["nphases"], 65535);
+  EXPECT_EQ(p["p2p_total"], 6);
+  ASSERT_EQ(p["p2p"].size(), 4u);
+  EXPECT_EQ(p["p2p"][3]["peer"], 103);
+  EXPECT_EQ(p["p2p"][3]["send"], false);
+  EXPECT_EQ(p["p2p"][0]["count"], 0x7fffffff) << "counts saturate at 2^31 - 1";
+  EXPECT_FALSE(b.contains("p2p"));
+}
+
 nlohmann::json rank_state(int rank, bool in_op) {
   nlohmann::json peers = nlohmann::json::array();
   for (int r = 0; r < 2; ++r) peers.push_back({{"rank", r}, {"pid", 100 + r}, {"host", "h"}, {"diag", ""}});
