@@ -74,7 +74,9 @@ class TscClock {
   static constexpr int64_t kAnchorNs = 50'000'000;
   static constexpr int64_t kFirstRateNs = 1'000'000;
 
-  int64_t reanchor() {
+  // Out of line: now()'s common path stays a few instructions without the
+  // registers this one needs.
+  [[gnu::noinline]] int64_t reanchor() {
     const uint64_t t1 = __rdtsc();
     const int64_t ns = clock_now_ns();
     const uint64_t t2 = __rdtsc();
@@ -121,10 +123,24 @@ int64_t now_ns() {
 }
 
 namespace {
-// An algorithm name's first 8 characters, as the entry keeps them.
+// An algorithm name's first 8 characters, as the entry keeps them. A copy
+// of a run-time length is a call into libc's memcpy (~25 instructions per
+// op); most names have 8 characters or more, and those take one load.
 uint64_t algo_word(const std::string& algorithm) {
   uint64_t name = 0;
-  std::memcpy(&name, algorithm.data(), std::min<size_t>(algorithm.size(), 8));
+  if (algorithm.size() >= 8) {
+    std::memcpy(&name, algorithm.data(), 8);
+    return name;
+  }
+  // Byte i where a memcpy would put it (algo_full_name reads it back so).
+  for (size_t i = 0; i < algorithm.size(); ++i) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const unsigned shift = 56 - 8 * static_cast<unsigned>(i);
+#else
+    const unsigned shift = 8 * static_cast<unsigned>(i);
+#endif
+    name |= static_cast<uint64_t>(static_cast<unsigned char>(algorithm[i])) << shift;
+  }
   return name;
 }
 }  // namespace
