@@ -124,8 +124,8 @@ int64_t now_ns() {
 
 namespace {
 // An algorithm name's first 8 characters, as the entry keeps them. A copy
-// of a run-time length is a call into libc's memcpy (~25 instructions per
-// op); most names have 8 characters or more, and those take one load.
+// of a run-time length compiled to a byte loop on every record; most names
+// have 8 characters or more, and those take one load.
 uint64_t algo_word(const std::string& algorithm) {
   uint64_t name = 0;
   if (algorithm.size() >= 8) {
