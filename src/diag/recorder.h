@@ -49,11 +49,11 @@ class FlightRecorder {
 
  private:
   static constexpr int kMaxP2p = 4;
-  // One cache line per op: an 8 B op's record touches one line, not the
-  // two or three of the 120-byte entry it replaced, and takes 11 stores, not
-  // 18 (callgrind, 2 ranks, 8 B allreduce: write_entry 82 -> ~40
-  // instructions per op). A send/recv group's peers live beside it
-  // (P2pEntry), written only for those ops.
+  // One cache line per op: an op's record touches one line, not the two or
+  // three of the 120-byte entry it replaced, and a communicator's ring takes
+  // half the cache (no time change measured at 8 B; performance.md Run 29).
+  // A send/recv group's peers live beside it (P2pEntry), written only for
+  // those ops.
   struct alignas(64) Entry {
     std::atomic<uint64_t> seq{~0ull};
     std::atomic<uint64_t> coll_seq{0};
@@ -75,8 +75,8 @@ class FlightRecorder {
   void write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string* algorithm, int nphases,
                    int64_t now);
   // The ring holds a power of two of entries, so that a slot is a mask, not
-  // a division: a 64-bit div costs 14-45 cycles on this project's CPUs and an
-  // op took three (enqueue / start / end). Dumps keep the last cap_.
+  // a 64-bit division (an op looks its slot up three times: enqueue, start,
+  // end). Dumps keep the last cap_.
   Entry& slot(uint64_t seq) const { return entries_[seq & mask_]; }
   static size_t ring_size(size_t capacity);
 
