@@ -44,6 +44,8 @@
 # --thp gives Loom's and both MPIs' buffers transparent huge pages (Loom's
 # --thp, mpi_bench -H): a single-copy read then pins one page per 2 MiB
 # instead of 512. Gloo's benchmark has no such mode and is left out then.
+# The summary's header records the core-to-core round trip (mem_bench
+# --latency) at the start and the end of the run: the host's phase.
 # The summary alone can be recomputed from a raw.csv: --summarize DIR.
 set -uo pipefail
 
@@ -130,6 +132,11 @@ if [ "$THP" = 1 ]; then
 fi
 [ "$MEM_ALLOC" = 1 ] && echo "# loom-ma: Loom with its buffers from loom::mem_alloc (-R 1); the peers' buffers are ordinary memory" | tee -a "$OUT/summary.md"
 [ "$FRESH" = 1 ] && echo "# fresh inputs: every input rewritten before each timed call (--fresh); Gloo left out" | tee -a "$OUT/summary.md"
+# The core-to-core round trip (mem_bench --latency) at the start and the end:
+# on a shared host it moves with the host's load (here 8 B latencies ~2x with it),
+# so a run says which phase it measured in.
+round_trip() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf "%s ns min, %s ns median of 9 batches (CPUs %s)", $2, $3, $1 }'; }
+echo "# core-to-core round trip at the start: $(round_trip)" | tee -a "$OUT/summary.md"
 echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
   LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe -np)
@@ -202,6 +209,7 @@ for n in $RANKS; do
   done
 done
 done  # rounds
+echo "# core-to-core round trip at the end: $(round_trip)" | tee -a "$OUT/summary.md"
 
 # Rates again at each collective's footprint per core: the send and receive
 # buffers of all its ranks, in units of the size (allreduce 2n, reduce_scatter

@@ -41,12 +41,24 @@
 // of it in the shared cache). F = 0 (the default) reuses one set on one
 // core. Each array stays within kPoolCap bytes (fewer sets beyond that).
 //
+// --latency instead measures the core-to-core round trip: two threads pinned to
+// the first two CPUs this process may run on pass a counter back and forth
+// through two cache lines (each waits for the other's store, then answers),
+// the exchange under every small message between two ranks. Its time says
+// which phase a shared host is in (here 8 B allreduce latencies move about 2x
+// with it); compare.sh records it at the start and end of a run.
+// Output: cpus,round_trip_min_ns,round_trip_median_ns (of 9 batches; "nan"
+// with fewer than two CPUs).
+//
 // Usage: mem_bench [--sizes 8,4K,...] [--min-time SECONDS] [--footprints 0,4]
+//        mem_bench --latency
 // Output: CSV on stdout: size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint,c2c_gbps
 // (decimal GB/s of bytes written; best of 5 batches of >= min-time each;
 // xcopy is "nan" where process_vm_readv is not permitted; footprint: the
 // factor F of the row, 0 = one buffer set; c2c is "nan" without a second
 // process).
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -61,6 +73,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/config.h"
@@ -222,6 +235,61 @@ void child_main(XCtl* c, const Bufs& m) {
 // Bytes one buffer array may take (sets x half); beyond it, fewer sets.
 constexpr size_t kPoolCap = size_t{1} << 30;
 
+// The core-to-core round trip (--latency): see the top of the file.
+bool pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+int latency_main() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  printf("cpus,round_trip_min_ns,round_trip_median_ns\n");
+  if (cpus.size() < 2) {
+    printf("-,nan,nan\n");
+    return 0;
+  }
+  struct alignas(64) Line {
+    std::atomic<long> v{0};
+  };
+  static Line ping, pong;  // one cache line each: each side writes only its own
+  constexpr long kTrips = 20000;
+  constexpr int kBatches = 9;
+  const long total = kTrips * (kBatches + 1);  // the first batch warms up
+  std::thread partner([&] {
+    pin_to(cpus[1]);
+    for (long i = 1; i <= total; ++i) {
+      while (ping.v.load(std::memory_order_acquire) != i) {
+      }
+      pong.v.store(i, std::memory_order_release);
+    }
+  });
+  if (!pin_to(cpus[0])) fprintf(stderr, "mem_bench: cannot pin to CPU %d; the round trip may be within one\n", cpus[0]);
+  std::vector<double> ns;
+  long i = 0;
+  for (int b = 0; b <= kBatches; ++b) {
+    const auto t0 = Clock::now();
+    for (long k = 0; k < kTrips; ++k) {
+      ++i;
+      ping.v.store(i, std::memory_order_release);
+      while (pong.v.load(std::memory_order_acquire) != i) {
+      }
+    }
+    const double el = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    if (b > 0) ns.push_back(el / kTrips);
+  }
+  partner.join();
+  std::sort(ns.begin(), ns.end());
+  printf("%d-%d,%.1f,%.1f\n", cpus[0], cpus[1], ns.front(), ns[ns.size() / 2]);
+  return 0;
+}
+
 // Buffer sets of `per_set` bytes that fit in factor x size bytes (at least
 // one), within the pool cap for arrays of `half` bytes per set; factor 0: one.
 long sets_for(double factor, size_t size, size_t per_set, size_t half) {
@@ -242,6 +310,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "mem_bench: bad size list '%s'\n", argv[i]);
         return 2;
       }
+    } else if (a == "--latency") {
+      return latency_main();
     } else if (a == "--min-time" && i + 1 < argc) {
       min_time = atof(argv[++i]);
     } else if (a == "--footprints" && i + 1 < argc) {
@@ -260,7 +330,7 @@ int main(int argc, char** argv) {
         pos = comma + 1;
       }
     } else {
-      fprintf(stderr, "usage: mem_bench [--sizes 8,4K,1M,...] [--min-time SECONDS] [--footprints 0,4,...]\n");
+      fprintf(stderr, "usage: mem_bench [--sizes 8,4K,1M,...] [--min-time SECONDS] [--footprints 0,4,...] | --latency\n");
       return a == "-h" || a == "--help" ? 0 : 2;
     }
   }

@@ -314,6 +314,26 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   EXPECT_NE(bad.out.find("bad footprint list"), std::string::npos) << bad.out;
 }
 
+// mem_bench --latency: the core-to-core round trip compare.sh records. Two
+// threads on two CPUs pass a counter through two cache lines; a loop that
+// did not wait for its partner would read ~0 ns, a broken timer inf or nan.
+TEST_F(PerfCli, MemBenchMeasuresTheCoreToCoreRoundTrip) {
+  ASSERT_TRUE(have("mem_bench"));
+  Outcome r = run(bin_dir() + "/mem_bench --latency");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto ls = lines(r.out);
+  ASSERT_EQ(ls.size(), 2u) << r.out;
+  EXPECT_EQ(ls[0], "cpus,round_trip_min_ns,round_trip_median_ns");
+  auto f = fields(ls[1], ',');
+  ASSERT_EQ(f.size(), 3u) << ls[1];
+  if (f[0] == "-") GTEST_SKIP() << "fewer than two CPUs to run on: " << ls[1];
+  const double lo = std::stod(f[1]), med = std::stod(f[2]);
+  // A round trip is two cache-line transfers between cores: tens of ns at
+  // the least; a loaded 2-core VM reads microseconds (a partner preempted).
+  EXPECT_TRUE(std::isfinite(lo) && lo > 5 && lo < 1e6) << ls[1];
+  EXPECT_LE(lo, med) << ls[1];
+}
+
 // algo_sweep.sh -N analyses runs already on disk. Here two forced
 // algorithms and the automatic run at 1 KiB and 16 MiB, written by hand: at
 // 16 MiB the forced direct run could not honour LOOM_ALGO (its log names
