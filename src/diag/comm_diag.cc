@@ -116,6 +116,7 @@ nlohmann::json CommImpl::diag_state() {
     j["current"] = std::move(cur);
   }
   j["ops"] = std::move(ops);
+  if (recorder_ && recorder_->unrecorded()) j["ops_not_recorded"] = recorder_->unrecorded();
   return j;
 }
 

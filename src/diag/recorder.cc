@@ -11,6 +11,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "algorithms/algorithms.h"
 
@@ -181,7 +183,21 @@ void FlightRecorder::write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs
                                  int nphases, int64_t now) {
   constexpr auto r = std::memory_order_relaxed;
   Entry& e = slot(seq);
-  e.seq.store(~0ull, r);  // readers skip the slot while it is rewritten
+  const uint64_t held = e.seq.load(r);
+  // The slot's op ends on the engine thread: its final state is stored
+  // (release) after its last write to the entry, so once it reads finished
+  // here the slot is free. Ops run in order, so an op left unfinished in
+  // the ring is the running one or queued behind it (or, after a failure,
+  // one that never ran: the communicator is dead then).
+  if (held != ~0ull && held != seq && unfinished(e.info.load(std::memory_order_acquire))) {
+    unrecorded_.store(unrecorded_.load(r) + 1, r);  // written by the issuing thread only
+    if (seq + 1 > next_.load(r)) next_.store(seq + 1, std::memory_order_release);
+    return;
+  }
+  // A seqlock: readers skip the slot while it is rewritten (seq cleared,
+  // then the fields; the fence orders the two on any memory model).
+  e.seq.store(~0ull, r);
+  std::atomic_thread_fence(std::memory_order_release);
   e.coll_seq.store(coll_seq, r);
   e.count.store(a.count, r);
   e.algo.store(algorithm ? algo_word(*algorithm) : 0, r);
@@ -211,6 +227,7 @@ int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int
   if (!cap_) return now;
   Entry& e = slot(seq);
   constexpr auto r = std::memory_order_relaxed;
+  if (e.seq.load(r) != seq) return now;  // not recorded (write_entry): the ring was full of unfinished ops
   e.algo.store(algo_word(algorithm), r);
   e.t_start.store(now, r);
   // The phases and the state in one store (this thread wrote the rest of info).
@@ -223,6 +240,7 @@ int64_t FlightRecorder::on_start(uint64_t seq, const std::string& algorithm, int
 void FlightRecorder::on_end(uint64_t seq, bool ok) {
   if (!cap_) return;
   Entry& e = slot(seq);
+  if (e.seq.load(std::memory_order_relaxed) != seq) return;  // not recorded (write_entry)
   e.t_end.store(now_ns(), std::memory_order_relaxed);
   e.info.store(with_state(e.info.load(std::memory_order_relaxed), ok ? OpState::kCompleted : OpState::kFailed),
                std::memory_order_release);
@@ -250,8 +268,19 @@ nlohmann::json FlightRecorder::to_json() const {
   if (!cap_) return out;
   const uint64_t end = next_.load(std::memory_order_acquire);
   const uint64_t begin = end > cap_ ? end - cap_ : 0;
-  for (uint64_t s = begin; s < end; ++s) {
-    const Entry& e = slot(s);
+  // Every slot of the ring: the last cap_ ops, and older ones that did not
+  // complete (unfinished ones keep their slots, write_entry; a failed one is
+  // the op a failure's dump is about), oldest first.
+  std::vector<std::pair<uint64_t, size_t>> order;
+  for (size_t i = 0; i <= mask_; ++i) {
+    const uint64_t s = entries_[i].seq.load(std::memory_order_acquire);
+    if (s == ~0ull || s >= end) continue;
+    const auto state = static_cast<OpState>(entries_[i].info.load(std::memory_order_acquire) >> 12 & 0xf);
+    if (s >= begin || state != OpState::kCompleted) order.emplace_back(s, i);
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [s, i] : order) {
+    const Entry& e = entries_[i];
     if (e.seq.load(std::memory_order_acquire) != s) continue;
     const uint32_t info = e.info.load(std::memory_order_acquire);
     const auto coll = static_cast<Collective>(info & 0xf);
@@ -281,7 +310,8 @@ nlohmann::json FlightRecorder::to_json() const {
     j["enqueued_ns"] = e.t_enq.load();
     j["started_ns"] = e.t_start.load();
     j["ended_ns"] = e.t_end.load();
-    if (e.seq.load(std::memory_order_acquire) != s) continue;  // rewritten while we read
+    std::atomic_thread_fence(std::memory_order_acquire);  // the seqlock's read side (write_entry)
+    if (e.seq.load(std::memory_order_relaxed) != s) continue;  // rewritten while we read
     out.push_back(std::move(j));
   }
   return out;

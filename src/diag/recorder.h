@@ -44,8 +44,13 @@ class FlightRecorder {
   int64_t on_run_at_issue(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string& algorithm,
                           int nphases);
 
-  // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md).
+  // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md):
+  // the last capacity() ops, and any older one still in the ring that did
+  // not complete (running, queued or failed).
   nlohmann::json to_json() const;
+  // Ops not recorded because their slot held an op that had not finished
+  // (more unfinished ops than the ring holds: a deep queue behind a hung op).
+  uint64_t unrecorded() const { return unrecorded_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr int kMaxP2p = 4;
@@ -71,7 +76,11 @@ class FlightRecorder {
   // info: coll 4 bits | dtype 4 | op 4 | state 4 | phases 16 (at most 65535)
   static uint32_t pack_info(Collective coll, DataType dt, RedOp op, OpState state, int nphases);
   static uint32_t with_state(uint32_t info, OpState state) { return (info & ~0xf000u) | static_cast<uint32_t>(state) << 12; }
-  // The entry of `seq`, enqueued (algorithm null) or started at `now`.
+  static bool unfinished(uint32_t info) { return (info >> 12 & 0xf) <= static_cast<uint32_t>(OpState::kStarted); }
+  // The entry of `seq`, enqueued (algorithm null) or started at `now`;
+  // nothing when its slot holds an op that has not finished (a running or
+  // queued op keeps its entry until it ends: that is the op a hang dump is
+  // about, and its start and end must not land on a newer op's entry).
   void write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string* algorithm, int nphases,
                    int64_t now);
   // The ring holds a power of two of entries, so that a slot is a mask, not
@@ -84,7 +93,8 @@ class FlightRecorder {
   size_t mask_;  // ring_size(cap_) - 1
   std::unique_ptr<Entry[]> entries_;
   std::unique_ptr<P2pEntry[]> p2p_;  // per slot, for send/recv groups
-  std::atomic<uint64_t> next_{0};  // one past the newest seq recorded
+  std::atomic<uint64_t> next_{0};  // one past the newest seq recorded (or skipped)
+  std::atomic<uint64_t> unrecorded_{0};
 };
 
 }  // namespace loom::diag

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -72,6 +73,60 @@ TEST(DiagDump, ConcurrentDumpsLeaveWholeFiles) {
   }
   EXPECT_GE(files, 1);
   for (auto& c : *comms) EXPECT_TRUE(c->destroy().is_ok());
+  unsetenv("LOOM_DUMP_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+// A hang with non-blocking calls queued behind it: rank 0 issues 8
+// allreduces that rank 1 never joins, with a ring of 4 entries. The failure's
+// dump must name the hung op (#0) as current and failed, keep the queued
+// ones behind it, and count the ops it had no slot for. Regression: op #4
+// took op #0's slot at issue, so the dump had no entry for the hung op and
+// showed #4, never started, as the failed one.
+TEST(DiagDump, AHungOpKeepsItsEntryWithMoreOpsQueuedThanTheRingHolds) {
+  const std::string dir = "/tmp/loom-test-diag-hung-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  setenv("LOOM_DUMP_DIR", dir.c_str(), 1);
+  setenv("LOOM_TRACE_BUFFER_SIZE", "4", 1);
+  Config cfg;
+  cfg.timeout_s = 1;
+  auto comms = Comm::init_all(2, cfg);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<std::vector<float>> bufs(8, std::vector<float>(256, 1.0f));
+  std::vector<Work> works;
+  for (auto& b : bufs) {
+    auto w = (*comms)[0]->allreduce(b.data(), b.data(), b.size(), DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    works.push_back(*w);
+  }
+  Status first = works[0].wait();
+  EXPECT_EQ(first.code(), StatusCode::kTimeout) << first.to_string();
+  for (size_t i = 1; i < works.size(); ++i) EXPECT_FALSE(works[i].wait().is_ok());
+  nlohmann::json mine;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::ifstream f(e.path());
+    auto j = nlohmann::json::parse(f, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << e.path();
+    for (const auto& c : j["comms"])
+      if (c.value("rank", -1) == 0 && c.value("nranks", 0) == 2) mine = c;  // not an earlier test's comm
+  }
+  ASSERT_FALSE(mine.is_null()) << "no dump of rank 0 in " << dir;
+  ASSERT_TRUE(mine.contains("current")) << mine.dump();
+  EXPECT_EQ(mine["current"]["seq"], 0);
+  ASSERT_TRUE(mine["current"].contains("op")) << "the hung op has no entry: " << mine.dump();
+  EXPECT_EQ(mine["current"]["op"]["coll"], "allreduce");
+  const auto& ops = mine["ops"];
+  ASSERT_EQ(ops.size(), 4u) << ops.dump();
+  EXPECT_EQ(ops[0]["seq"], 0);
+  EXPECT_EQ(ops[0]["state"], "failed");
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(ops[i]["seq"], i);
+    EXPECT_EQ(ops[i]["state"], "enqueued") << "queued behind the hung op, never run";
+  }
+  EXPECT_EQ(mine.value("ops_not_recorded", 0), 4) << "ops #4-#7 found their slots held";
+  for (auto& c : *comms) c->abort("test over");
+  unsetenv("LOOM_TRACE_BUFFER_SIZE");
   unsetenv("LOOM_DUMP_DIR");
   std::filesystem::remove_all(dir);
 }

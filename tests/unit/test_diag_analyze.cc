@@ -220,6 +220,54 @@ TEST(Recorder, OneLineEntriesKeepEveryFieldAndTheLastNOfAnyN) {
   EXPECT_FALSE(b.contains("p2p"));
 }
 
+// Non-blocking calls queue behind a hung op (up to LOOM_MAX_QUEUED_OPS,
+// 1024, as many as the default ring holds). The hung op keeps its entry
+// until it ends, and so does every queued op; an op issued when its slot is
+// still held by an unfinished one is not recorded. Regression: op S + ring
+// took S's slot at issue, so the dump lost the hung op, and S's failure
+// (on_end) was written onto the queued op's entry.
+TEST(Recorder, AnUnfinishedOpKeepsItsEntryWhenTheQueueOutgrowsTheRing) {
+  FlightRecorder rec(4);  // a ring of 4
+  auto call = [](uint64_t s) { return coll(Collective::kAllReduce, 100 + s, 0); };
+  rec.on_enqueue(0, 0, call(0));
+  rec.on_start(0, "ring", 2);  // op 0 runs and hangs
+  for (uint64_t s = 1; s < 6; ++s) rec.on_enqueue(s, s, call(s));
+  EXPECT_EQ(rec.unrecorded(), 2u) << "ops 4 and 5 found their slots held by ops 0 and 1";
+  rec.on_end(0, false);  // the watchdog fails op 0
+  rec.on_start(4, "ring", 2);  // never recorded: writes nothing
+  rec.on_end(4, false);
+  auto j = rec.to_json();
+  ASSERT_EQ(j.size(), 4u) << j.dump();
+  EXPECT_EQ(j[0]["seq"], 0) << "older than the last 4 issued, but kept: unfinished then, failed now";
+  EXPECT_EQ(j[0]["state"], "failed");
+  EXPECT_EQ(j[0]["count"], 100);
+  EXPECT_EQ(j[0]["algo"], "ring");
+  EXPECT_GT(j[0]["ended_ns"], 0);
+  for (uint64_t s = 1; s < 4; ++s) {
+    EXPECT_EQ(j[s]["seq"], s);
+    EXPECT_EQ(j[s]["state"], "enqueued") << j.dump();
+    EXPECT_EQ(j[s]["count"], 100 + s);
+    EXPECT_EQ(j[s]["ended_ns"], 0);
+  }
+  // Once the queue has drained, new ops take the slots again: the dump is
+  // the last 4 issued, and the failed op while its slot lasts.
+  for (uint64_t s = 1; s < 4; ++s) {
+    rec.on_start(s, "ring", 2);
+    rec.on_end(s, true);
+  }
+  for (uint64_t s = 6; s < 8; ++s) rec.on_enqueue(s, s, call(s));
+  j = rec.to_json();
+  ASSERT_EQ(j.size(), 3u) << j.dump();
+  EXPECT_EQ(j[0]["seq"], 0);
+  EXPECT_EQ(j[1]["seq"], 6);
+  EXPECT_EQ(j[2]["seq"], 7);
+  for (uint64_t s = 8; s < 10; ++s) rec.on_enqueue(s, s, call(s));
+  EXPECT_EQ(rec.unrecorded(), 2u);
+  j = rec.to_json();
+  ASSERT_EQ(j.size(), 4u) << j.dump();
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(j[i]["seq"], 6 + i);
+}
+
 nlohmann::json rank_state(int rank, bool in_op) {
   nlohmann::json peers = nlohmann::json::array();
   for (int r = 0; r < 2; ++r) peers.push_back({{"rank", r}, {"pid", 100 + r}, {"host", "h"}, {"diag", ""}});
