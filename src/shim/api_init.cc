@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/log.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 
@@ -17,6 +18,10 @@ using namespace loom::shim;
 namespace {
 
 constexpr unsigned kConfigMagic = 0xcafebeefu;
+// How long ncclCommAbort waits for another thread's call to leave the
+// communicator it aborted (woken, it leaves at once unless it waits on a
+// CUDA stream).
+constexpr double kAbortCallsWaitS = 30.0;
 
 struct ParsedConfig {
   bool blocking = true;
@@ -304,6 +309,17 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     if (owned->ready.valid()) (void)owned->ready.get();
     if (owned->comm != nullptr) owned->comm->abort("ncclCommAbort");
     (void)drain(owned.get());  // aborted work finishes at once
+    // A call of another thread may still be inside (the hung call a watchdog
+    // aborts): woken by the abort, it leaves within moments; free nothing
+    // before it has. Regression: it locked the freed comm's mutex on its way
+    // out (NcclAbort.FromAnotherThreadEndsAHungCall, under ASan).
+    if (!wait_for_calls(owned.get(), kAbortCallsWaitS)) {
+      LOOM_WARN(kLogInit, "ncclCommAbort: a call of another thread is still inside the communicator {} s after "
+                "the abort; its memory is left allocated", kAbortCallsWaitS);
+      owned->magic = ncclComm::kDead;
+      (void)owned.release();
+      return Status::ok();
+    }
     owned->magic = ncclComm::kDead;
     owned->comm.reset();
     return Status::ok();

@@ -1,8 +1,10 @@
 // The shim's single error boundary: Status -> ncclResult_t, last-error text,
 // and the catch-all that keeps exceptions from crossing the C ABI.
+#include <chrono>
 #include <exception>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "shim/shim.h"
 
@@ -50,7 +52,28 @@ const char* last_error(ncclComm* comm) {
   return t_last_error.c_str();
 }
 
+CallScope::CallScope(ncclComm* comm) noexcept {
+  if (comm != nullptr && comm->magic == ncclComm::kMagic) {
+    comm_ = comm;
+    comm_->calls.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+CallScope::~CallScope() {
+  if (comm_) comm_->calls.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+bool wait_for_calls(ncclComm* comm, double limit_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  while (comm->calls.load(std::memory_order_acquire) > 0) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
+
 ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept {
+  CallScope in_call(comm);  // until the error is recorded on it
   Status s;
   try {
     s = body();

@@ -9,7 +9,9 @@
 // (init or split) are created concurrently and joined here. A call that
 // failed inside the group fails the whole group, which is then discarded.
 #include <algorithm>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "shim/alias.h"
 #include "shim/shim.h"
@@ -88,6 +90,8 @@ extern "C" ncclResult_t pncclGroupEnd() {
     if (t_group.depth == 0) return invalid_usage("ncclGroupEnd without matching ncclGroupStart");
     if (--t_group.depth > 0) return Status::ok();
     GroupState g = take_group();
+    std::vector<std::unique_ptr<CallScope>> in_calls;  // an abort from another thread waits for us
+    for (ncclComm* c : g.comms) in_calls.push_back(std::make_unique<CallScope>(c));
 
     Status first = g.error;
     bool in_progress = false;
@@ -156,6 +160,8 @@ extern "C" ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {
     // Simulation ends the group without running it; creations cannot be
     // undone, so they are completed as a real GroupEnd would.
     GroupState g = take_group();
+    std::vector<std::unique_ptr<CallScope>> in_calls;  // an abort from another thread waits for us
+    for (ncclComm* c : g.comms) in_calls.push_back(std::make_unique<CallScope>(c));
     for (ncclComm* c : g.comms) c->group_ops.clear();
     Status first;
     for (auto& [done, blocking] : g.creations)

@@ -107,6 +107,11 @@ struct ncclComm {
   // Operations recorded while a group is open on this thread.
   std::vector<loom::shim::PendingOp> group_ops;
 
+  // API calls inside this communicator right now (CallScope). ncclCommAbort
+  // comes from another thread to end a hung call (PyTorch's watchdog): it
+  // wakes the call, then waits for it to leave before freeing anything.
+  std::atomic<int> calls{0};
+
   std::mutex mu;  // guards everything below
   std::vector<loom::shim::Completion> inflight;  // non-blocking comms
   loom::Status async_error;                      // first failure seen
@@ -132,6 +137,23 @@ const char* last_error(ncclComm* comm);
 // converts its Status, records failures for ncclGetLastError, and turns any
 // exception into an ncclResult_t so none crosses the C ABI.
 ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept;
+
+// Counts a call inside `comm` (guard, and ncclGroupEnd for each comm of the
+// group) so that an abort from another thread does not free it under the
+// call. Nothing for NULL or dead handles.
+class CallScope {
+ public:
+  explicit CallScope(ncclComm* comm) noexcept;
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  ncclComm* comm_ = nullptr;
+};
+// Waits until no call is inside `comm` but the caller's own (up to
+// `limit_s`); false if one still is (the caller must not free it then).
+bool wait_for_calls(ncclComm* comm, double limit_s);
 
 // ---- env.cc --------------------------------------------------------------
 // Copies NCCL_* settings to LOOM_* (once per process, before the first comm).

@@ -5,6 +5,7 @@
 // gives a working communicator.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -241,6 +242,36 @@ TEST(NcclRevoke, BlockingCommRevokeReturnsWhenQuiescent) {
     EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
   }
   for (auto x : c) EXPECT_EQ(ncclCommDestroy(x), ncclSuccess) << ncclGetLastError(x);
+}
+
+}  // namespace
+
+namespace {
+
+// PyTorch's watchdog ends a hung collective by calling ncclCommAbort from its
+// own thread while the collective's thread is still inside the call (here a
+// blocking allreduce that rank 1 never joins). The call must return with an
+// error, and Abort must not free the communicator under it. Regression: the
+// woken call locked the freed communicator's mutex on its way out (a
+// heap-use-after-free under ASan; a normal build mostly got away with it).
+TEST(NcclAbort, FromAnotherThreadEndsAHungCall) {
+  ncclComm_t c[2] = {};
+  ASSERT_EQ(ncclCommInitAll(c, 2, nullptr), ncclSuccess);
+  std::vector<float> buf(1 << 20, 1.0f);
+  std::atomic<bool> returned{false};
+  ncclResult_t res = ncclSuccess;
+  std::thread caller([&] {
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, c[0], nullptr);
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "the allreduce cannot finish without rank 1";
+  const auto t0 = Clock::now();
+  EXPECT_EQ(ncclCommAbort(c[0]), ncclSuccess);
+  caller.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  EXPECT_NE(res, ncclSuccess) << "an aborted allreduce reported success";
+  EXPECT_EQ(ncclCommAbort(c[1]), ncclSuccess);
 }
 
 }  // namespace
