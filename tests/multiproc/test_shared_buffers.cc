@@ -427,5 +427,35 @@ TEST(SingleCopyClass, OversubscribedStoredMessagesGoThroughTheFifo) {
   count_single_copies(Collective::kAllGather, nullptr, false, cpus + 1, nullptr);
 }
 
+// Every rank lays out its segment and reads its peers' with its own
+// LOOM_SHM_FIFO_BYTES. Ranks that disagree (one launcher's environment set
+// it) must all fail at setup, naming the variable. Regression: with 3 ranks
+// the odd one died of SIGBUS prefaulting past the end of a smaller peer
+// segment; with 2 ranks they ran and the receiver read zeros at its own
+// offsets.
+TEST(ShmSetup, RanksWithDifferentFifoSizesFailNamingTheVariable) {
+  for (int n : {2, 3}) {
+    auto id = testing::unique_id();
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    auto results = testing::run_processes(n, [&](int r, int fd) {
+      setenv("LOOM_SHM_FIFO_BYTES", r == 0 ? "4M" : "2M", 1);
+      setenv("LOOM_TIMEOUT", "20", 1);
+      auto comm = Comm::init_rank(*id, n, r);
+      if (comm.is_ok()) {
+        const std::string msg = "init succeeded";
+        (void)!write(fd, msg.data(), msg.size());
+        return 1;
+      }
+      const std::string err = comm.status().to_string();
+      (void)!write(fd, err.data(), err.size());
+      return err.find("LOOM_SHM_FIFO_BYTES") != std::string::npos ? 0 : 2;
+    }, 60);
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(WIFEXITED(results[r].status) && WEXITSTATUS(results[r].status) == 0)
+          << n << " ranks, rank " << r << ": " << results[r].output;
+    EXPECT_TRUE(testing::loom_shm_segments().empty());
+  }
+}
+
 }  // namespace
 }  // namespace loom
