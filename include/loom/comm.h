@@ -125,7 +125,9 @@ class Comm {
 
   // Point-to-point. Outside a group each call is its own operation (and a
   // blocking send waits for the matching recv). Inside group_start/group_end
-  // all sends and receives progress together and complete together.
+  // all sends and receives progress together and complete together; their
+  // data types may differ (the two ends of one message must move the same
+  // bytes; a group that mixes types is checked in bytes).
   Result<Work> send(const void* buf, size_t count, DataType dt, int peer);
   Result<Work> recv(void* buf, size_t count, DataType dt, int peer);
 

@@ -120,7 +120,7 @@ void mark_first_contacts(RankSchedule& s);
 struct P2pOp {
   bool is_send = false;
   int peer = 0;
-  size_t count = 0;  // elements of the group's dtype
+  size_t count = 0;  // elements of the group's dtype (bytes with CollArgs::p2p_bytes)
   // A send whose buffer overlaps a receive of the same group (in place, like
   // MPI_Sendrecv_replace): it is copied to scratch first, so the receive
   // cannot overwrite data the peer has not read yet.
@@ -139,6 +139,10 @@ struct CollArgs {
   bool in_place = false;
   size_t chunk_elems = 0;  // pipelining chunk for chain algorithms; 0 = default
   std::vector<P2pOp> p2p;  // kSendRecv only
+  // kSendRecv: the group mixed data types, so it travels in bytes (dt is
+  // kUint8 and every count a byte count). NCCL lets a group's sends and
+  // receives have their own types; a peer's matching call may not mix.
+  bool p2p_bytes = false;
   // Host index of every rank (hierarchical algorithms); empty = unknown,
   // treated as one host.
   std::vector<int> host_of_rank;

@@ -186,12 +186,21 @@ Result<Work> CommImpl::submit_p2p(bool is_send, void* buf, size_t count, DataTyp
       group_subs_.push_back(make_sub());
     }
     SubOp& g = group_subs_[group_p2p_index_];
-    if (g.args.dt != dt && !g.args.p2p.empty()) {
-      // Mixed types in one group: the element unit must be common. Use bytes.
-      return not_supported("send/recv with different data types in one group is not supported yet");
+    if (!g.args.p2p_bytes && g.args.dt != dt && !g.args.p2p.empty()) {
+      // Types mixed in one group (legal in NCCL: a type only has to match
+      // between the two ends of one send/recv): the group goes in bytes.
+      // Regression: it was refused, and peers whose groups did not mix hung.
+      const size_t es = dtype_size(g.args.dt);
+      for (P2pOp& p : g.args.p2p) p.count *= es;
+      g.args.dt = DataType::kUint8;
+      g.args.p2p_bytes = true;
     }
-    g.args.dt = dt;
-    g.args.p2p.push_back({is_send, peer, count});
+    if (g.args.p2p_bytes) {
+      g.args.p2p.push_back({is_send, peer, bytes});
+    } else {
+      g.args.dt = dt;
+      g.args.p2p.push_back({is_send, peer, count});
+    }
     g.bufs.push_back(static_cast<std::byte*>(buf));
     return Work();
   }

@@ -31,6 +31,14 @@ bool uses_op(Collective c) {
 }
 bool uses_root(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
 
+// A send/recv header's op byte: 1 when its group mixed types and its count is
+// in bytes (CollArgs::p2p_bytes), 0 otherwise.
+constexpr uint8_t kP2pInBytes = 1;
+// A send/recv message's size in bytes, and its call as a message names it.
+size_t p2p_bytes_of(size_t count, uint8_t dt, bool in_bytes) {
+  return in_bytes ? count : count * dtype_size(static_cast<DataType>(dt));
+}
+
 }  // namespace
 
 const char* short_dtype_name(DataType dt) {
@@ -77,7 +85,7 @@ void Fingerprint::encode_p2p(int peer, size_t step_count, std::byte* out) const 
   w.version = kVersion;
   w.coll = static_cast<uint8_t>(a.coll);
   w.dt = static_cast<uint8_t>(a.dt);
-  w.op = static_cast<uint8_t>(a.op);
+  w.op = a.p2p_bytes ? kP2pInBytes : 0;
   w.count = step_count;
   w.root = peer;
   w.seq = static_cast<uint32_t>(seq_);
@@ -86,6 +94,8 @@ void Fingerprint::encode_p2p(int peer, size_t step_count, std::byte* out) const 
 
 std::string Fingerprint::describe_mine(int peer, size_t step_count, bool as_sender) const {
   const CollArgs& a = *args_;
+  if (a.coll == Collective::kSendRecv && a.p2p_bytes)
+    return fmt::format("{}({} B {} rank {})", as_sender ? "send" : "recv", step_count, as_sender ? "to" : "from", peer);
   if (a.coll == Collective::kSendRecv)
     return fmt::format("{}({} x {} {} rank {})", as_sender ? "send" : "recv", step_count, short_dtype_name(a.dt),
                        as_sender ? "to" : "from", peer);
@@ -97,9 +107,16 @@ Status Fingerprint::check_slow(int peer, size_t step_count, const std::byte* in)
   Wire w;
   std::memcpy(&w, in, sizeof(w));
   const int me = a.rank;
+  // Send/recv whose group mixed types on either end: the same bytes will do
+  // (the types are compared when neither end mixed).
+  const bool p2p_in_bytes = a.coll == Collective::kSendRecv && (a.p2p_bytes || w.op == kP2pInBytes);
+  if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) && p2p_in_bytes &&
+      w.dt < kNumDataTypes && w.root == me &&
+      p2p_bytes_of(w.count, w.dt, w.op == kP2pInBytes) == p2p_bytes_of(step_count, static_cast<uint8_t>(a.dt), a.p2p_bytes))
+    return Status::ok();
   // Fast path first: no formatting unless the calls differ.
   if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) &&
-      w.dt == static_cast<uint8_t>(a.dt)) {
+      w.dt == static_cast<uint8_t>(a.dt) && !p2p_in_bytes) {
     if (a.coll == Collective::kSendRecv) {
       if (w.count == step_count && w.root == me) return Status::ok();
     } else if (w.count == a.count && w.coll_seq == coll_seq_ && (!uses_op(a.coll) || w.op == static_cast<uint8_t>(a.op)) &&
@@ -119,13 +136,17 @@ Status Fingerprint::check_slow(int peer, size_t step_count, const std::byte* in)
   const auto dt = static_cast<DataType>(w.dt);
   const auto op = static_cast<RedOp>(w.op);
   std::string theirs;
-  if (coll == Collective::kSendRecv)
+  if (coll == Collective::kSendRecv && w.op == kP2pInBytes)
+    theirs = fmt::format("send({} B to rank {})", w.count, w.root);
+  else if (coll == Collective::kSendRecv)
     theirs = fmt::format("send({} x {} to rank {})", w.count, short_dtype_name(dt), w.root);
   else
     theirs = describe_call(coll, w.count, dt, op, w.root);
-  bool same = coll == a.coll && dt == a.dt;
+  bool same = coll == a.coll && (dt == a.dt || p2p_in_bytes);
   if (same && coll == Collective::kSendRecv) {
-    same = w.count == step_count && w.root == me;
+    same = w.root == me && (p2p_in_bytes ? p2p_bytes_of(w.count, w.dt, w.op == kP2pInBytes) ==
+                                               p2p_bytes_of(step_count, static_cast<uint8_t>(a.dt), a.p2p_bytes)
+                                         : w.count == step_count);
   } else if (same) {
     same = w.count == a.count && w.coll_seq == coll_seq_ && (!uses_op(coll) || op == a.op) &&
            (!uses_root(coll) || w.root == a.root);

@@ -292,6 +292,76 @@ TEST(ShmPaths, InPlaceSendRecvInAGroup) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// NCCL lets one group's sends and receives have their own data types (only
+// the two ends of one message must agree). Rank 0 sends floats to rank 1 and
+// int64s to rank 2 and receives bf16-sized halves from rank 2 in one group;
+// ranks 1 and 2 do not mix. Regression: the mixed group was refused
+// ("different data types in one group"), and its peers waited for it. A
+// size mismatch is still caught when one end mixes.
+TEST(ShmPaths, SendRecvGroupsMayMixDataTypes) {
+  const int n = 3;
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok());
+  for (size_t count : {size_t{5}, size_t{1} << 18}) {
+    std::vector<float> f0(count), f1(count);
+    std::vector<int64_t> i0(count), i2(count);
+    std::vector<uint16_t> h0(count), h2(count);
+    for (size_t i = 0; i < count; ++i) {
+      f0[i] = static_cast<float>(i) + 0.5f;
+      i0[i] = static_cast<int64_t>(i) * 3000000007LL;
+      h2[i] = static_cast<uint16_t>(i * 7 + 1);
+    }
+    std::vector<std::string> err(n);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        Comm& c = *(*comms)[r];
+        c.group_start();
+        if (r == 0) {
+          (void)c.send(f0.data(), count, DataType::kFloat32, 1);
+          (void)c.send(i0.data(), count, DataType::kInt64, 2);
+          (void)c.recv(h0.data(), count, DataType::kBfloat16, 2);
+        } else if (r == 1) {
+          (void)c.recv(f1.data(), count, DataType::kFloat32, 0);
+        } else {
+          (void)c.recv(i2.data(), count, DataType::kInt64, 0);
+          (void)c.send(h2.data(), count, DataType::kFloat16, 0);  // same size, another type: NCCL does not mind
+        }
+        auto w = c.group_end();
+        Status st = w.is_ok() ? w->wait() : w.status();
+        if (!st.is_ok()) err[r] = st.to_string();
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) ASSERT_EQ(err[r], "") << "rank " << r << ", count " << count;
+    EXPECT_EQ(f1, f0);
+    EXPECT_EQ(i2, i0);
+    EXPECT_EQ(h0, h2);
+  }
+  // One end mixes, the other expects another size: the mismatch is named.
+  std::vector<float> f(64);
+  std::vector<int64_t> l(64);
+  std::vector<std::string> err(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      c.group_start();
+      if (r == 0) {
+        (void)c.send(f.data(), 64, DataType::kFloat32, 1);
+        (void)c.recv(l.data(), 64, DataType::kInt64, 1);
+      } else {
+        (void)c.recv(f.data(), 32, DataType::kFloat32, 0);  // half of what rank 0 sends
+        (void)c.send(l.data(), 64, DataType::kInt64, 0);
+      }
+      auto w = c.group_end();
+      Status st = w.is_ok() ? w->wait() : w.status();
+      err[r] = st.to_string();
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_NE(err[1].find("mismatched operations"), std::string::npos) << err[1];
+  EXPECT_NE(err[1].find("send(256 B to rank 1)"), std::string::npos) << err[1];
+}
+
 // Data events wake a sleeping rank. Peers ring a receiver's doorbell only
 // while it is armed for sleep (Transport::arm_wait), so a lost wake-up would
 // not hang but end each wait by its 50 ms timeout: the test counts those.
