@@ -545,8 +545,16 @@ void CommImpl::engine_main() {
 }
 
 void CommImpl::after_waiter_progress() {
-  // Ops issued after the one the waiter needed are left: hand them to the engine.
-  if (pending_.load(std::memory_order_acquire) > 0) gate_cv_.notify_one();
+  // Ops issued after the one the waiter needed are left: hand them to the
+  // engine, wherever it waits: on the gate (it found the gate taken) or on
+  // the queue (it found the queue empty, and an op queued by a caller that
+  // waits does not wake it). Regression: only the gate's was signalled, so
+  // an op queued while this thread held the gate was left to a sleeping
+  // engine (CallerRuns.AnOpQueuedBehindAnotherThreadsWaitIsRun).
+  if (pending_.load(std::memory_order_acquire) > 0) {
+    gate_cv_.notify_one();
+    cv_.notify_one();
+  }
 }
 
 bool CommImpl::run_next_queued() {

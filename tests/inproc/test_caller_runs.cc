@@ -157,6 +157,54 @@ TEST(CallerRuns, BlockingOpDoesNotOvertakeQueuedOne) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// Work handles may be waited on from any thread. Rank 0 issues A (queued)
+// and a second thread waits on it, so that thread, not the engine, may hold
+// the engine gate running A while rank 1 is late; the engine then sleeps
+// with an empty queue. Rank 0 issues B as a caller that waits (queued
+// without waking the engine: its caller runs it) and waits on B with a
+// timeout, which does not run ops itself. When A ends, its waiter must hand
+// B to the engine. Regression: it only signalled the engine's gate variable,
+// which the sleeping engine was not waiting on, and B never ran.
+TEST(CallerRuns, AnOpQueuedBehindAnotherThreadsWaitIsRun) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  for (int round = 0; round < 30; ++round) {
+    std::vector<std::string> err(2);
+    std::thread late([&] {
+      Comm& c = *(*comms)[1];
+      std::vector<float> a(4096, 1.0f), b(4, 2.0f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      c.set_caller_waits(true);
+      auto wa = c.allreduce(a.data(), a.data(), a.size(), DataType::kFloat32, RedOp::kSum);
+      auto wb = c.allreduce(b.data(), b.data(), b.size(), DataType::kFloat32, RedOp::kSum);
+      Status sa = wa.is_ok() ? wa->wait(std::chrono::seconds(10)) : wa.status();
+      Status sb = wb.is_ok() ? wb->wait(std::chrono::seconds(10)) : wb.status();
+      if (!sa.is_ok() || !sb.is_ok()) err[1] = sa.to_string() + " / " + sb.to_string();
+    });
+    Comm& c = *(*comms)[0];
+    std::vector<float> a(4096, 1.0f), b(4, 2.0f);
+    c.set_caller_waits(false);
+    auto wa = c.allreduce(a.data(), a.data(), a.size(), DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(wa.is_ok());
+    Status sa;
+    std::thread waiter([&] { sa = wa->wait(); });
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    c.set_caller_waits(true);
+    auto wb = c.allreduce(b.data(), b.data(), b.size(), DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(wb.is_ok());
+    Status sb = wb->wait(std::chrono::seconds(10));
+    waiter.join();
+    late.join();
+    c.set_caller_waits(false);
+    if (!sa.is_ok() || !sb.is_ok() || !err[1].empty()) {
+      for (auto& x : *comms) x->abort("test failed");  // not a 300 s destroy of a stuck op
+      FAIL() << "round " << round << ": " << sa.to_string() << " / " << sb.to_string() << "; rank 1: " << err[1];
+    }
+    EXPECT_EQ(a[7], 2.0f);
+    EXPECT_EQ(b[3], 4.0f);
+  }
+}
+
 // An op run at issue that fails returns a failed Work with the error, and
 // marks the communicator failed as it would through the queue. Rank 1 never
 // joins and the op fails at its deadline. (It used to be failed by aborting
