@@ -46,8 +46,16 @@ void record_error(ncclComm* comm, const Status& s) {
 
 const char* last_error(ncclComm* comm) {
   if (comm != nullptr && comm->magic == ncclComm::kMagic) {
+    // A copy the caller's thread owns: the comm's string may be replaced by
+    // another thread (an op failing, ncclCommGetAsyncError) while the caller
+    // still reads it. Regression: the pointer into comm->last_error was
+    // returned after the lock was released.
+    thread_local std::string t_comm_error;
     std::lock_guard<std::mutex> lock(comm->mu);
-    if (!comm->last_error.empty()) return comm->last_error.c_str();
+    if (!comm->last_error.empty()) {
+      t_comm_error = comm->last_error;
+      return t_comm_error.c_str();
+    }
   }
   return t_last_error.c_str();
 }

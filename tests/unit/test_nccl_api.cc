@@ -3,6 +3,7 @@
 // and errors inside groups. Multi-process coverage is in tests/abi.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -206,6 +207,36 @@ TEST(NcclApi, GetAsyncErrorAndQueries) {
   EXPECT_EQ(dev, 3);  // InitAll without a devlist: device i for rank i
   EXPECT_EQ(ncclCommDestroy(nullptr), ncclSuccess);
   EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+}
+
+// ncclGetLastError(comm) may come from a watchdog thread while the comm's
+// own thread keeps failing calls (each replaces the comm's error text). The
+// returned text must stay readable: the pointer belongs to the caller's
+// thread. Regression: it pointed into the comm's string, which the other
+// thread reallocated (a heap-use-after-free under ASan).
+TEST(NcclApi, LastErrorOfACommIsReadableWhileAnotherThreadFails) {
+  Comms comms;
+  std::atomic<bool> stop{false};
+  std::thread failing([&] {
+    float x = 0;
+    for (int i = 0; i < 3000; ++i) {
+      // Two messages of different lengths, so the text is reallocated.
+      if (i % 2) (void)ncclAllReduce(&x, &x, 1, static_cast<ncclDataType_t>(99), ncclSum, comms.c[0], nullptr);
+      else (void)ncclBroadcast(&x, &x, 1, ncclFloat, 12345, comms.c[0], nullptr);
+    }
+    stop = true;
+  });
+  size_t reads = 0, total = 0;
+  while (!stop.load()) {
+    const char* e = ncclGetLastError(comms.c[0]);
+    total += std::string(e).size();
+    ++reads;
+  }
+  failing.join();
+  EXPECT_GT(reads, 0u);
+  EXPECT_NE(std::string(ncclGetLastError(comms.c[0])).find("ncclAllReduce"), std::string::npos)
+      << ncclGetLastError(comms.c[0]);
+  (void)total;
 }
 
 }  // namespace
