@@ -610,7 +610,19 @@ Status CommImpl::execute(Op& op) {
 }
 
 void CommImpl::abort(const std::string& reason) {
+  // seq_cst with destroy's tearing_down_ / aborters_: one of the two sees
+  // the other (regression: an abort still in fail()'s dump used the
+  // transport that a concurrent destroy had just freed).
+  aborters_.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{aborters_};
   if (abort_.exchange(true)) return;
+  if (tearing_down_.load()) {  // destroy has joined the engine: nothing left to wake or tell
+    cv_.notify_all();
+    return;
+  }
   fail(aborted_error(fmt::format("{} rank {}: {}", name_, rank_, reason)));
   if (transport_) transport_->wake_self();
   cv_.notify_all();
@@ -651,6 +663,8 @@ Status CommImpl::destroy() {
     std::lock_guard<GateLock> g(gate_->mu);
     gate_->comm = nullptr;
   }
+  tearing_down_.store(true);
+  while (aborters_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   exec_.reset();
   transport_.reset();
   boot_.reset();

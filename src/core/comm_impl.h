@@ -189,6 +189,12 @@ class CommImpl final : public diag::DiagClient {
   std::unique_ptr<topo::Tuner> tuner_;  // algorithm choice: LOOM_ALGO > plugin > cost model
   std::atomic<bool> abort_{false};
   std::atomic<bool> destroyed_{false};
+  // abort()/revoke() may come from any thread, during destroy() too (to end
+  // the op destroy waits for): destroy frees the transport only once no
+  // abort is inside (aborters_), and an abort that comes later than
+  // tearing_down_ leaves the transport alone.
+  std::atomic<int> aborters_{0};
+  std::atomic<bool> tearing_down_{false};
   std::atomic<bool> revoked_{false};
   std::atomic<int> unfinished_{0};  // ops enqueued and not yet completed
 

@@ -3,8 +3,13 @@
 // refused with kInvalidUsage, and split() / shrink() of the revoked
 // communicator give working communicators.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
 #include <cstdint>
 #include <thread>
 
@@ -145,6 +150,39 @@ TEST(Revoke, ShrinkAfterRevokeExcludingAnIdleRank) {
     EXPECT_EQ(sub[r]->rank(), r);
   }
   check_allreduce(sub, 1 + 2 + 3);
+}
+
+// abort() may come from any thread at any time, also while destroy() waits
+// for a hung op (the way to end it). destroy() must not free the transport
+// while the abort is still inside (writing its dump, telling the peers).
+// Regression: destroy went on as soon as the op ended, and the abort then
+// woke the transport destroy had freed (TSan: a race on transport_; a
+// use-after-free in a normal build).
+TEST(Revoke, AbortWhileDestroyWaitsForAHungOp) {
+  const std::string dir = "/tmp/loom-test-abort-destroy-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  setenv("LOOM_DUMP_DIR", dir.c_str(), 1);  // abort writes a dump: a slow fail()
+  for (int round = 0; round < 5; ++round) {
+    Config cfg;
+    cfg.timeout_s = 30;
+    auto comms = Comm::init_all(2, cfg);
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    std::vector<float> buf(1 << 16, 1.0f);
+    auto w = (*comms)[0]->allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(w.is_ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    Status destroyed;
+    std::thread destroyer([&] { destroyed = (*comms)[0]->destroy(); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (*comms)[0]->abort("watchdog");
+    destroyer.join();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    EXPECT_TRUE(destroyed.is_ok()) << destroyed.to_string();
+    EXPECT_FALSE(w->wait().is_ok());
+    (*comms)[1]->abort("test over");
+  }
+  unsetenv("LOOM_DUMP_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
