@@ -94,6 +94,28 @@ std::vector<std::string> summary_row(const std::string& md, const std::string& t
 
 bool have(const std::string& name) { return access((bin_dir() + "/" + name).c_str(), X_OK) == 0; }
 
+// mem_bench's CSV rows (fields) after its header, which must be `header`;
+// empty (with a failure recorded) when the run failed or the shape is off.
+std::vector<std::vector<std::string>> mem_bench_rows(const std::string& args, const std::string& header,
+                                                     size_t rows, size_t cols) {
+  Outcome r = run(bin_dir() + "/mem_bench " + args);
+  auto ls = lines(r.out);
+  if (r.rc != 0 || ls.size() != rows + 1 || ls[0] != header) {
+    ADD_FAILURE() << "mem_bench " << args << ": rc " << r.rc << ", want " << rows << " rows under '" << header
+                  << "':\n" << r.out;
+    return {};
+  }
+  std::vector<std::vector<std::string>> out;
+  for (size_t i = 1; i < ls.size(); ++i) {
+    out.push_back(fields(ls[i], ','));
+    if (out.back().size() != cols) {
+      ADD_FAILURE() << "row " << ls[i] << " has not " << cols << " fields";
+      return {};
+    }
+  }
+  return out;
+}
+
 class PerfCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -289,25 +311,23 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
   // Footprint 0: one buffer set on one core; 4: every core at once, each
   // cycling through as many sets as fit in 4 x the row's size (1 MiB: memcpy
   // 4 sets of 1 MiB, reduce 2 of 1.5 MiB, xcopy 4 of 1 MiB in each process).
-  Outcome r = run(bin_dir() + "/mem_bench --sizes 64K,1M --min-time 0.002 --footprints 0,4");
-  ASSERT_EQ(r.rc, 0) << r.out;
-  auto ls = lines(r.out);
-  ASSERT_EQ(ls.size(), 5u) << r.out;
-  EXPECT_EQ(ls[0], "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint,c2c_gbps");
-  const char* want_fp[] = {"", "0", "0", "4", "4"};
-  for (size_t i = 1; i < ls.size(); ++i) {
-    auto f = fields(ls[i], ',');
-    ASSERT_EQ(f.size(), 7u) << ls[i];
-    EXPECT_GT(std::stod(f[1]), 0.1) << ls[i];
-    EXPECT_GT(std::stod(f[2]), 0.1) << ls[i];
-    EXPECT_EQ(f[5], want_fp[i]) << ls[i];
+  auto rows = mem_bench_rows("--sizes 64K,1M --min-time 0.002 --footprints 0,4",
+                             "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps,footprint,c2c_gbps", 4, 7);
+  ASSERT_EQ(rows.size(), 4u);
+  const char* want_fp[] = {"0", "0", "4", "4"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& f = rows[i];
+    const std::string row = f[0] + " B, footprint " + f[5];
+    EXPECT_GT(std::stod(f[1]), 0.1) << row;
+    EXPECT_GT(std::stod(f[2]), 0.1) << row;
+    EXPECT_EQ(f[5], want_fp[i]) << row;
     // The cross-core copy (shared memory, no permission needed): a copy that
     // was not done or not timed would print inf, 0 or nan.
     const double cc = std::stod(f[6]);
-    EXPECT_TRUE(std::isfinite(cc) && cc > 0.05 && cc < 1000) << ls[i];
-    if (f[4] == "nan") GTEST_SKIP() << "process_vm_readv is not permitted here (Yama/seccomp): " << ls[i];
+    EXPECT_TRUE(std::isfinite(cc) && cc > 0.05 && cc < 1000) << row << ": " << f[6];
+    if (f[4] == "nan") GTEST_SKIP() << "process_vm_readv is not permitted here (Yama/seccomp): " << row;
     const double x = std::stod(f[4]);
-    EXPECT_TRUE(std::isfinite(x) && x > 0.05 && x < 1000) << ls[i];
+    EXPECT_TRUE(std::isfinite(x) && x > 0.05 && x < 1000) << row << ": " << f[4];
   }
   Outcome bad = run(bin_dir() + "/mem_bench --sizes 64K --footprints 4,x");
   EXPECT_EQ(bad.rc, 2) << bad.out;
@@ -319,19 +339,16 @@ TEST_F(PerfCli, MemBenchMeasuresCrossProcessCopies) {
 // did not wait for its partner would read ~0 ns, a broken timer inf or nan.
 TEST_F(PerfCli, MemBenchMeasuresTheCoreToCoreRoundTrip) {
   ASSERT_TRUE(have("mem_bench"));
-  Outcome r = run(bin_dir() + "/mem_bench --latency");
-  ASSERT_EQ(r.rc, 0) << r.out;
-  auto ls = lines(r.out);
-  ASSERT_EQ(ls.size(), 2u) << r.out;
-  EXPECT_EQ(ls[0], "cpus,round_trip_min_ns,round_trip_median_ns");
-  auto f = fields(ls[1], ',');
-  ASSERT_EQ(f.size(), 3u) << ls[1];
-  if (f[0] == "-") GTEST_SKIP() << "fewer than two CPUs to run on: " << ls[1];
+  auto rows = mem_bench_rows("--latency", "cpus,round_trip_min_ns,round_trip_median_ns", 1, 3);
+  ASSERT_EQ(rows.size(), 1u);
+  const auto& f = rows[0];
+  const std::string line = f[0] + "," + f[1] + "," + f[2];
+  if (f[0] == "-") GTEST_SKIP() << "fewer than two CPUs to run on: " << line;
   const double lo = std::stod(f[1]), med = std::stod(f[2]);
   // A round trip is two cache-line transfers between cores: tens of ns at
   // the least; a loaded 2-core VM reads microseconds (a partner preempted).
-  EXPECT_TRUE(std::isfinite(lo) && lo > 5 && lo < 1e6) << ls[1];
-  EXPECT_LE(lo, med) << ls[1];
+  EXPECT_TRUE(std::isfinite(lo) && lo > 5 && lo < 1e6) << line;
+  EXPECT_LE(lo, med) << line;
 }
 
 // algo_sweep.sh -N analyses runs already on disk. Here two forced
