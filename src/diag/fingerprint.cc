@@ -110,9 +110,11 @@ Status Fingerprint::check_slow(int peer, size_t step_count, const std::byte* in)
   // Send/recv whose group mixed types on either end: the same bytes will do
   // (the types are compared when neither end mixed).
   const bool p2p_in_bytes = a.coll == Collective::kSendRecv && (a.p2p_bytes || w.op == kP2pInBytes);
-  if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) && p2p_in_bytes &&
-      w.dt < kNumDataTypes && w.root == me &&
-      p2p_bytes_of(w.count, w.dt, w.op == kP2pInBytes) == p2p_bytes_of(step_count, static_cast<uint8_t>(a.dt), a.p2p_bytes))
+  const bool same_bytes = p2p_in_bytes && w.dt < kNumDataTypes &&
+                          p2p_bytes_of(w.count, w.dt, w.op == kP2pInBytes) ==
+                              p2p_bytes_of(step_count, static_cast<uint8_t>(a.dt), a.p2p_bytes);
+  if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) && same_bytes &&
+      w.root == me)
     return Status::ok();
   // Fast path first: no formatting unless the calls differ.
   if (w.magic == kMagic && w.version == kVersion && w.coll == static_cast<uint8_t>(a.coll) &&
@@ -144,9 +146,7 @@ Status Fingerprint::check_slow(int peer, size_t step_count, const std::byte* in)
     theirs = describe_call(coll, w.count, dt, op, w.root);
   bool same = coll == a.coll && (dt == a.dt || p2p_in_bytes);
   if (same && coll == Collective::kSendRecv) {
-    same = w.root == me && (p2p_in_bytes ? p2p_bytes_of(w.count, w.dt, w.op == kP2pInBytes) ==
-                                               p2p_bytes_of(step_count, static_cast<uint8_t>(a.dt), a.p2p_bytes)
-                                         : w.count == step_count);
+    same = w.root == me && (p2p_in_bytes ? same_bytes : w.count == step_count);
   } else if (same) {
     same = w.count == a.count && w.coll_seq == coll_seq_ && (!uses_op(coll) || op == a.op) &&
            (!uses_root(coll) || w.root == a.root);

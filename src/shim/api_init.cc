@@ -311,8 +311,9 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     (void)drain(owned.get());  // aborted work finishes at once
     // A call of another thread may still be inside (the hung call a watchdog
     // aborts): woken by the abort, it leaves within moments; free nothing
-    // before it has. Regression: it locked the freed comm's mutex on its way
-    // out (NcclAbort.FromAnotherThreadEndsAHungCall, under ASan).
+    // before it has. Regression: it went on into the destroyed loom::Comm
+    // and the freed ncclComm (NcclAbort.FromAnotherThreadEndsAHungCall,
+    // UBSan/ASan).
     if (!wait_for_calls(owned.get(), kAbortCallsWaitS)) {
       LOOM_WARN(kLogInit, "ncclCommAbort: a call of another thread is still inside the communicator {} s after "
                 "the abort; its memory is left allocated", kAbortCallsWaitS);
