@@ -31,9 +31,12 @@ Result<ncclWindow_vidmem*> add_registration(ncclComm* c, void* buff, size_t size
 Status remove_registration(ncclComm* c, void* handle, bool window) {
   std::lock_guard<std::mutex> lock(c->mu);
   auto it = c->registrations.find(handle);
-  if (it == c->registrations.end() || it->second->window != window)
-    return invalid_argument(std::string(window ? "window" : "registration handle") +
-                            " is not registered with this communicator");
+  if (it == c->registrations.end() || it->second->window != window) {
+    const std::string what = std::string(window ? "window" : "registration handle") +
+                             " is not registered with this communicator";
+    // NCCL's ncclCommDeregister: an unknown handle is a usage error.
+    return window ? invalid_argument(what) : invalid_usage(what);
+  }
   c->registrations.erase(it);
   return Status::ok();
 }
@@ -194,6 +197,9 @@ extern "C" ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, siz
 extern "C" ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
   return guard("ncclCommDeregister", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    // NULL is what ncclCommRegister hands out when it skips a buffer (NCCL
+    // does for host memory): deregistering it succeeds, as in NCCL.
+    if (handle == nullptr) return Status::ok();
     return remove_registration(c, handle, false);
   });
 }
