@@ -205,13 +205,18 @@ extern "C" ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int*
   return guard("ncclCommInitAll", nullptr, [&]() -> Status {
     apply_nccl_env();
     if (comms == nullptr) return invalid_argument("comm array is NULL");
-    if (ndev < 1) return invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1");
+    // NCCL's checks and codes (init.cc): a negative count or device is an
+    // invalid argument, a device listed twice a usage error, and no device
+    // at all nothing to do.
+    if (ndev < 0) return invalid_argument("ndev " + std::to_string(ndev) + " must be >= 0");
+    if (ndev == 0) return Status::ok();
     if (devlist != nullptr) {
       std::set<int> seen;
-      for (int i = 0; i < ndev; ++i)
-        if (devlist[i] < 0 || !seen.insert(devlist[i]).second)
-          return invalid_argument("devlist has a negative or repeated device " +
-                                  std::to_string(devlist[i]));
+      for (int i = 0; i < ndev; ++i) {
+        if (devlist[i] < 0) return invalid_argument("devlist has a negative device " + std::to_string(devlist[i]));
+        if (!seen.insert(devlist[i]).second)
+          return invalid_usage("devlist names device " + std::to_string(devlist[i]) + " twice");
+      }
     }
     ParsedConfig pc = env_defaults();
     pc.blocking = true;  // InitAll returns initialized communicators

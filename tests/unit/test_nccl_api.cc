@@ -239,4 +239,19 @@ TEST(NcclApi, LastErrorOfACommIsReadableWhileAnotherThreadFails) {
   (void)total;
 }
 
+// ncclCommInitAll's argument checks return NCCL's codes (its init.cc): a
+// device listed twice is ncclInvalidUsage, a negative count or device
+// ncclInvalidArgument, and ndev 0 succeeds with nothing created.
+// Regression: Loom returned ncclInvalidArgument for all four.
+TEST(NcclApi, InitAllChecksArgumentsWithNcclsCodes) {
+  ncclComm_t c[2] = {nullptr, nullptr};
+  const int twice[2] = {0, 0}, negative[2] = {0, -1};
+  EXPECT_EQ(ncclCommInitAll(c, 2, twice), ncclInvalidUsage);
+  EXPECT_EQ(ncclCommInitAll(c, 2, negative), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitAll(c, -1, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitAll(c, 0, nullptr), ncclSuccess);
+  EXPECT_EQ(c[0], nullptr);
+  EXPECT_EQ(c[1], nullptr);
+}
+
 }  // namespace
