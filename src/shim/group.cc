@@ -85,13 +85,21 @@ extern "C" ncclResult_t pncclGroupStart() {
   });
 }
 
+namespace {
+// A CallScope for each communicator of a group being ended.
+std::vector<std::unique_ptr<CallScope>> enter_calls(const std::vector<ncclComm*>& comms) {
+  std::vector<std::unique_ptr<CallScope>> in;
+  for (ncclComm* c : comms) in.push_back(std::make_unique<CallScope>(c));
+  return in;
+}
+}  // namespace
+
 extern "C" ncclResult_t pncclGroupEnd() {
   return guard("ncclGroupEnd", nullptr, [&]() -> Status {
     if (t_group.depth == 0) return invalid_usage("ncclGroupEnd without matching ncclGroupStart");
     if (--t_group.depth > 0) return Status::ok();
     GroupState g = take_group();
-    std::vector<std::unique_ptr<CallScope>> in_calls;  // an abort from another thread waits for us
-    for (ncclComm* c : g.comms) in_calls.push_back(std::make_unique<CallScope>(c));
+    auto in_calls = enter_calls(g.comms);  // an abort from another thread waits for us
 
     Status first = g.error;
     bool in_progress = false;
@@ -160,8 +168,7 @@ extern "C" ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {
     // Simulation ends the group without running it; creations cannot be
     // undone, so they are completed as a real GroupEnd would.
     GroupState g = take_group();
-    std::vector<std::unique_ptr<CallScope>> in_calls;  // an abort from another thread waits for us
-    for (ncclComm* c : g.comms) in_calls.push_back(std::make_unique<CallScope>(c));
+    auto in_calls = enter_calls(g.comms);  // an abort from another thread waits for us
     for (ncclComm* c : g.comms) c->group_ops.clear();
     Status first;
     for (auto& [done, blocking] : g.creations)

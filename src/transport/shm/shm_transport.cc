@@ -197,9 +197,6 @@ struct ShmTransport::Segment {
   // FIFO. UINT64_MAX: no such messages (mapping off or not permitted).
   uint64_t hdr_min_bytes;
   uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
-  // The size of each FIFO in this segment (LOOM_SHM_FIFO_BYTES): every rank
-  // lays out and reads its peers' segments with its own, so all must agree.
-  uint64_t fifo_bytes;
 
   FifoCtl* ctl(int from) {
     return reinterpret_cast<FifoCtl*>(reinterpret_cast<char*>(this) + kHeaderBytes + from * kFifoCtlBytes);
@@ -941,14 +938,10 @@ class SegmentMaps {
   std::vector<Entry> entries_;
 };
 
-// Two ranks laid their segments out differently (shm setup).
-Status fifo_size_mismatch(int me, int peer, size_t my_fifo, int n, size_t peer_seg_bytes) {
-  const size_t fixed = kHeaderBytes + static_cast<size_t>(n) * kFifoCtlBytes;
-  std::string theirs = peer_seg_bytes > fixed && (peer_seg_bytes - fixed) % static_cast<size_t>(n) == 0
-                           ? std::to_string((peer_seg_bytes - fixed) / static_cast<size_t>(n)) + " B FIFOs"
-                           : std::to_string(peer_seg_bytes) + " B (another rank count?)";
-  return invalid_usage("shm setup: rank " + std::to_string(peer) + "'s shared-memory segment has " + theirs +
-                       ", rank " + std::to_string(me) + " uses " + std::to_string(my_fifo) +
+// Two ranks of a host with different FIFO sizes (shm setup).
+Status fifo_size_mismatch(int me, int peer, size_t my_fifo, size_t peer_fifo) {
+  return invalid_usage("shm setup: rank " + std::to_string(peer) + " uses " + std::to_string(peer_fifo) +
+                       " B FIFOs, rank " + std::to_string(me) + " uses " + std::to_string(my_fifo) +
                        " B: set LOOM_SHM_FIFO_BYTES the same on every rank of a host (or leave it unset)");
 }
 
@@ -983,6 +976,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   // FIFO size: the ranks of a host must agree on it (LOOM_SHM_FIFO_BYTES set
   // in one launcher's environment only). Agreed before anything is created,
   // so that every rank fails with the reason, not only the first to see it.
+  // Regression: mismatched ranks read each other's FIFOs at wrong offsets.
   {
     std::vector<uint64_t> sizes(static_cast<size_t>(n));
     sizes[static_cast<size_t>(r)] = t->fifo_bytes_;
@@ -990,8 +984,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     if (!agreed.is_ok()) return agreed.with_context("shm setup: FIFO sizes");
     for (int i = 0; i < n; ++i)
       if (local[i] && sizes[static_cast<size_t>(i)] != t->fifo_bytes_)
-        return fifo_size_mismatch(r, i, t->fifo_bytes_, n,
-                                  kHeaderBytes + n * kFifoCtlBytes + n * sizes[static_cast<size_t>(i)]);
+        return fifo_size_mismatch(r, i, t->fifo_bytes_, sizes[static_cast<size_t>(i)]);
   }
 
   // Create our segment. A stale one with the same random name cannot exist
@@ -1048,7 +1041,6 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   self->cma_plain_xproc_threshold = single_copy_plain_xproc ? single_copy_plain_xproc : UINT64_MAX;
   self->hdr_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
-  self->fifo_bytes = t->fifo_bytes_;
   for (int i = 0; i < n; ++i) {
     new (&self->ctl(i)->tail) std::atomic<uint64_t>(0);
     new (&self->ctl(i)->head) std::atomic<uint64_t>(0);
@@ -1069,16 +1061,6 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     if (q == nullptr) {
       int pfd = shm_open(name.c_str(), O_RDWR, 0600);
       if (pfd < 0) return system_error("shm_open peer segment " + name + " of rank " + std::to_string(i), errno);
-      // A segment of another size was laid out with another FIFO size (or
-      // rank count): mapping it with ours would fault past its end or read
-      // the peer's bytes at the wrong offsets. Regression: a rank with its
-      // own LOOM_SHM_FIFO_BYTES died of SIGBUS (3 ranks) or silently read
-      // zeros (2 ranks).
-      struct stat sb {};
-      if (fstat(pfd, &sb) == 0 && static_cast<size_t>(sb.st_size) != t->seg_bytes_) {
-        close(pfd);
-        return fifo_size_mismatch(r, i, t->fifo_bytes_, n, static_cast<size_t>(sb.st_size));
-      }
       q = mmap(nullptr, t->seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
       close(pfd);
       if (q == MAP_FAILED) return system_error("mmap peer segment of rank " + std::to_string(i), errno);
@@ -1087,8 +1069,6 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     t->segs_[i] = static_cast<Segment*>(q);
     if (t->segs_[i]->magic != kSegMagic || t->segs_[i]->rank != i)
       return internal_error("peer segment of rank " + std::to_string(i) + " is not initialised");
-    if (t->segs_[i]->fifo_bytes != t->fifo_bytes_)
-      return fifo_size_mismatch(r, i, t->fifo_bytes_, n, kHeaderBytes + n * kFifoCtlBytes + n * t->segs_[i]->fifo_bytes);
   }
   // Single copy needs permission to read the peers' memory (same user, and no
   // Yama/seccomp restriction): probe every local peer; if one fails, messages
