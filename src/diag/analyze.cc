@@ -108,6 +108,8 @@ std::vector<std::pair<std::string, int>> all_errors(const Snapshot& s) {  // (me
   return out;
 }
 
+bool from_positions(const Snapshot& s, Verdict* v);
+
 bool from_mismatch(const Snapshot& s, Verdict* v) {
   static const std::regex called(R"(rank (\d+) called ([a-z_]+)\((.*?)\) as op #(\d+) where rank (\d+) called ([a-z_]+)\()");
   static const std::regex out_of_step(R"(stream from rank (\d+) is out of step at op #(\d+).*rank (\d+) called)");
@@ -124,9 +126,23 @@ bool from_mismatch(const Snapshot& s, Verdict* v) {
       v->ranks = {std::min(a, b), std::max(a, b)};
       v->summary = text;
     } else if (std::regex_search(text, m, out_of_step)) {
-      v->cls = "COLLECTIVE_MISMATCH";
-      v->ranks = {std::min(std::stoi(m[1]), std::stoi(m[3])), std::max(std::stoi(m[1]), std::stoi(m[3]))};
-      v->summary = text;
+      // The stream went out of step: the two ranks' ops exchange messages
+      // differently, e.g. the same allreduce with other counts, for which
+      // the tuner chose other algorithms. The ranks' recorded calls say
+      // what differs, when the dumps have them (regression: an argument
+      // mismatch was called a collective mismatch whenever the counts led
+      // to different algorithms; DoctorCases.DifferentArguments, now and
+      // then under CI).
+      Verdict calls;
+      if (from_positions(s, &calls) && calls.cls.find("_MISMATCH") != std::string::npos) {
+        v->cls = calls.cls;
+        v->ranks = calls.ranks;
+        v->summary = calls.summary + " (" + text + ")";
+      } else {
+        v->cls = "COLLECTIVE_MISMATCH";
+        v->ranks = {std::min(std::stoi(m[1]), std::stoi(m[3])), std::max(std::stoi(m[1]), std::stoi(m[3]))};
+        v->summary = text;
+      }
     } else {
       continue;
     }

@@ -312,6 +312,35 @@ TEST(Doctor, BadDumpsAreNamedAndTheRestIsAnalysed) {
   EXPECT_FALSE(none.problems.empty());
 }
 
+// The same allreduce with different counts can run different algorithms on
+// the two ranks: the receiver then reads data where it expected the header
+// ("out of step"), not the peer's call. The ranks' recorded calls say what
+// differs: an argument mismatch naming the rank. Regression: it was called a
+// collective mismatch (DoctorCases.DifferentArguments, now and then in CI).
+TEST(Doctor, OutOfStepWithTheSameCollectiveIsAnArgumentMismatch) {
+  Snapshot s;
+  s.processes = {rank_state(0, true), rank_state(1, true)};
+  auto& c0 = s.processes[0]["comms"][0];
+  auto& c1 = s.processes[1]["comms"][0];
+  c1["current"]["op"]["count"] = 4;
+  c1["ops"][0]["count"] = 4;
+  for (auto* c : {&c0, &c1}) {
+    (*c)["status"] = "failed";
+    (*c)["current"]["state"] = "failed";
+  }
+  c0["error"] = "InvalidUsage: comm rank 0: allreduce #3 (two_shot, 8 x float32, sum): mismatched operations: the "
+                "stream from rank 1 is out of step at op #3 (expected an operation header, got data): rank 1 "
+                "exchanged a different number of messages with rank 0 in an earlier or this op than rank 0 called "
+                "allreduce(sum, 8 x fp32) expects";
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "ARGUMENT_MISMATCH") << v.to_text();
+  EXPECT_NE(v.summary.find("rank 1 called allreduce(sum, 4 x"), std::string::npos) << v.to_text();
+  // Without the calls in the dumps, the report alone: a collective mismatch.
+  c0.erase("current");
+  c1.erase("current");
+  EXPECT_EQ(analyze(s).cls, "COLLECTIVE_MISMATCH") << analyze(s).to_text();
+}
+
 TEST(Doctor, IdleRankIsStuckInUserCode) {
   Snapshot s;
   s.processes = {rank_state(0, true), rank_state(1, false)};
