@@ -1,6 +1,7 @@
 #include "transport/shm/shm_transport.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -65,7 +67,10 @@ struct alignas(kSlotBytes) FifoCtl {
   // number of the last request it could not serve.
   std::atomic<uint64_t> push_done;
   std::atomic<uint64_t> push_failed;
-  char pad0[40];
+  // 1 while the sender writes a pushed half into the receiver's memory
+  // (PeerMemory below).
+  std::atomic<uint32_t> tx_in_receiver;
+  char pad0[36];
   std::atomic<uint64_t> head;  // written by the receiver
   // The receiver's request: write [push_off, push_off + push_len) of the
   // current message to push_dst in my address space; push_seq publishes it.
@@ -76,7 +81,10 @@ struct alignas(kSlotBytes) FifoCtl {
   // Bytes of single-copy messages the receiver has read so far (monotonic,
   // written by the receiver): the sender's source buffer is busy until then.
   std::atomic<uint64_t> cma_ack;
-  char pad2[56];
+  // 1 while the receiver reads a single-copy message from the sender's
+  // memory (PeerMemory below).
+  std::atomic<uint32_t> rx_in_sender;
+  char pad2[52];
   Slot slots[kSlots];  // small messages, written by the sender
 };
 constexpr size_t kFifoCtlBytes = sizeof(FifoCtl);
@@ -154,6 +162,7 @@ bool process_alive(int pid) {
 }
 
 std::atomic<bool (*)(int)> g_liveness_probe{nullptr};  // tests (set_liveness_probe_for_test)
+std::atomic<void (*)(bool)> g_peer_memory_hook{nullptr};  // tests (set_peer_memory_hook_for_test)
 
 bool peer_alive(int pid) {
   bool (*probe)(int) = g_liveness_probe.load(std::memory_order_acquire);
@@ -451,10 +460,17 @@ class ShmConnection final : public Connection {
     // With a shared copy under way the sender writes the rest straight into
     // the destination: only recv_into can complete this message.
     if (push_pending_ && in_done_ >= read_end_) return {};
-    if (peer_src_) return {peer_src_ + in_done_, std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_})};
+    if (peer_src_) {  // the bytes stay in the sender's buffer until recv_consume
+      if (!peek_in_sender_ && !enter_peer_memory(in_ctl_->rx_in_sender, false)) return {};
+      peek_in_sender_ = true;
+      return {peer_src_ + in_done_, std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_})};
+    }
     if (!stage_) stage_ = std::make_unique<std::byte[]>(kCmaStageBytes);
     size_t n = std::min({msg_remaining, kCmaStageBytes, read_end_ - in_done_});
-    if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_)) return {};
+    if (!enter_peer_memory(in_ctl_->rx_in_sender, false)) return {};
+    const bool ok = cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_);
+    leave_peer_memory(in_ctl_->rx_in_sender);
+    if (!ok) return {};
     return {stage_.get(), n};
   }
 
@@ -476,6 +492,10 @@ class ShmConnection final : public Connection {
         ring_peer();  // the sender may wait for a slot
       }
     } else if (in_cma_) {
+      if (peek_in_sender_) {
+        peek_in_sender_ = false;
+        leave_peer_memory(in_ctl_->rx_in_sender);
+      }
       ack(n);
     } else {
       head_ += (n == msg_remaining) ? round8(n) : n;
@@ -494,8 +514,12 @@ class ShmConnection final : public Connection {
       request_push(dst);
     if (push_pending_ && in_done_ >= read_end_) return take_pushed();
     size_t n = std::min({msg_remaining, kCmaReadChunk, read_end_ - in_done_});
+    if (!enter_peer_memory(in_ctl_->rx_in_sender, false)) return 0;
+    bool ok = true;
     if (peer_src_) std::memcpy(dst, peer_src_ + in_done_, n);
-    else if (!cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_)) return 0;
+    else ok = cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_);
+    leave_peer_memory(in_ctl_->rx_in_sender);
+    if (!ok) return 0;
     ack(n);
     finish_recv(n);
     return n;
@@ -505,6 +529,13 @@ class ShmConnection final : public Connection {
 
   // Non-zero errno of a failed single-copy read (reported by check_peer).
   int cma_errno() const { return cma_errno_; }
+
+  // The peer is inside this rank's memory: reading a single-copy message
+  // from it, or writing a pushed half into it (enter_peer_memory). Any thread.
+  bool peer_inside() const {
+    return out_ctl_->rx_in_sender.load(std::memory_order_seq_cst) != 0 ||
+           in_ctl_->tx_in_receiver.load(std::memory_order_seq_cst) != 0;
+  }
 
   // The peer left in an orderly way (its `closed` flag, set after its last
   // FIFO write): empty while everything this rank waits for is already in
@@ -530,6 +561,25 @@ class ShmConnection final : public Connection {
   }
 
  private:
+  // The peer's memory (its send buffer for a single-copy read, its receive
+  // buffer for a pushed half) is touched only between these two. `inside`
+  // says so to the peer; a peer that announced its failure is not entered.
+  // The failing rank's announce_abort sets its flag, then waits until the
+  // peer is out (Dekker: each stores its flag, then loads the other's, all
+  // seq_cst: one of the two sees the other). Then its failed op returns and
+  // the user may free the buffer. Regression: it returned while the peer
+  // still copied, chunk after chunk without looking at the abort: with
+  // thread ranks a memcpy from (or into) freed memory, between processes
+  // bytes of a reused buffer (ShmAbort tests).
+  bool enter_peer_memory(std::atomic<uint32_t>& inside, bool writes) {
+    if (auto hook = g_peer_memory_hook.load(std::memory_order_acquire)) hook(writes);
+    inside.store(1, std::memory_order_seq_cst);
+    if (peer_->aborted.load(std::memory_order_seq_cst) == 0) return true;
+    inside.store(0, std::memory_order_release);
+    return false;  // the executor learns why from check_peer
+  }
+  static void leave_peer_memory(std::atomic<uint32_t>& inside) { inside.store(0, std::memory_order_release); }
+
   // After a write the peer may wait for (bytes, a freed slot or FIFO space,
   // an acknowledgement): ring its doorbell if it sleeps, now or, while the
   // executor holds the doorbells (Transport::hold_doorbells), at its next
@@ -663,8 +713,12 @@ class ShmConnection final : public Connection {
     out_push_offered_ = false;
     int err = 0;
     const uint64_t off = out_ctl_->push_off, len = out_ctl_->push_len;
-    if (off + len <= out_total_ &&
-        cma_write(peer_->pid, out_ctl_->push_dst, msg + off, static_cast<size_t>(len), &err)) {
+    bool ok = off + len <= out_total_ && enter_peer_memory(out_ctl_->tx_in_receiver, true);
+    if (ok) {
+      ok = cma_write(peer_->pid, out_ctl_->push_dst, msg + off, static_cast<size_t>(len), &err);
+      leave_peer_memory(out_ctl_->tx_in_receiver);
+    }
+    if (ok) {
       out_ctl_->push_done.store(out_ctl_->push_done.load(std::memory_order_relaxed) + len, std::memory_order_release);
       g_shared_copy_bytes.fetch_add(len, std::memory_order_relaxed);
     } else {
@@ -846,6 +900,7 @@ class ShmConnection final : public Connection {
   bool map_peers_ = true;
   std::shared_ptr<PeerMapping> peer_map_;
   const std::byte* peer_src_ = nullptr;
+  bool peek_in_sender_ = false;  // recv_peek handed out bytes of the mapping, not yet consumed
   // Shared single copy. Sender: may write into this peer (probed), its
   // phase only sends, the current message offered it, last request seen.
   bool can_push_ = false, sender_idle_ = false, out_push_offered_ = false;
@@ -1250,14 +1305,45 @@ Status ShmTransport::check_peer(int peer) {
 }
 
 void ShmTransport::announce_abort(const std::string& reason) {
+  // Every caller returns only once the first has waited for the peers (the
+  // executor thread's fail() may follow an abort() from another thread).
+  std::lock_guard<std::mutex> lk(abort_mu_);
+  if (announced_) return;
+  announced_ = true;
   Segment* self = segs_[rank_];
-  if (self->aborted.load()) return;
   size_t len = std::min(reason.size(), sizeof(self->abort_reason) - 1);
   std::memcpy(self->abort_reason, reason.data(), len);
   self->abort_reason[len] = '\0';
-  self->aborted.store(1, std::memory_order_release);
+  self->aborted.store(1, std::memory_order_seq_cst);  // before the loads of peer_inside (Dekker)
   for (int i = 0; i < nranks_; ++i)
     if (segs_[i]) segs_[i]->ring();
+  // The failed op returns after this, and its buffers go back to the user:
+  // wait until no peer is inside them (ShmConnection::enter_peer_memory).
+  // Peers enter no more now; one inside finishes its copy (a chunk of at
+  // most kCmaReadChunk, or a pushed half). Bounded, for a peer stopped in
+  // the middle (SIGSTOP, a debugger); a dead one copies nothing.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  for (int p = 0; p < nranks_; ++p) {
+    auto* c = static_cast<ShmConnection*>(conns_[p].get());
+    for (int i = 0; c && c->peer_inside(); ++i) {
+      if ((i & 1023) == 1023) {
+        if (!peer_alive(segs_[p]->pid)) break;
+        if (Clock::now() - start > std::chrono::seconds(10)) {
+          LOOM_WARN(kLogShm,
+                    "rank {}: rank {} is still copying from or into this rank's buffers 10 s after the failure; "
+                    "the failed op returns them anyway",
+                    rank_, p);
+          break;
+        }
+      }
+      sched_yield();
+    }
+  }
+}
+
+void ShmTransport::set_peer_memory_hook_for_test(void (*hook)(bool writes)) {
+  g_peer_memory_hook.store(hook, std::memory_order_release);
 }
 
 }  // namespace loom

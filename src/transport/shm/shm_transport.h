@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,10 @@ class ShmTransport final : public Transport {
   // check_peer; nullptr restores it. Lets a test make a peer fail and vanish
   // between check_peer's reads, which real processes do only by chance.
   static void set_liveness_probe_for_test(bool (*probe)(int pid));
+  // Tests: called on the copying thread just before a rank enters a peer's
+  // memory (writes: a pushed half into the receiver; else a single-copy read
+  // from the sender), so a test can fail the peer's op at that moment.
+  static void set_peer_memory_hook_for_test(void (*hook)(bool writes));
 
   struct Segment;  // defined in the .cc
   // The doorbells this rank's connections owe while they are held: the
@@ -102,6 +107,8 @@ class ShmTransport final : public Transport {
   bool unlinked_ = false;
   std::vector<int> peer_pids_;
   std::vector<std::string> peer_hosts_;
+  std::mutex abort_mu_;  // announce_abort
+  bool announced_ = false;
   uint64_t cma_probe_ = 0x434d41444553431ull;  // peers read it to test single-copy permission
 };
 
