@@ -34,10 +34,10 @@ bool has_field(const ncclConfig_t* c, size_t offset, size_t bytes) { return offs
 #define LOOM_CONFIG_HAS(cfg, field) \
   has_field(cfg, offsetof(ncclConfig_t, field), sizeof(static_cast<ncclConfig_t*>(nullptr)->field))
 
-// `inherit` supplies the defaults (the parent's settings for split/shrink).
-Result<ParsedConfig> parse_config(const ncclConfig_t* cfg, const ParsedConfig& inherit) {
-  ParsedConfig out = inherit;
-  if (cfg == nullptr) return out;
+// The caller's config over `inherit`; nullptr: `inherit` itself.
+Result<ParsedConfig> parse_given_config(const ncclConfig_t* cfg, const ParsedConfig& inherit) {
+  if (cfg == nullptr) return inherit;
+  ParsedConfig out;
   if (cfg->magic != kConfigMagic)
     return invalid_argument("ncclConfig_t not initialized with NCCL_CONFIG_INITIALIZER (bad magic)");
   if (cfg->size < offsetof(ncclConfig_t, blocking))
@@ -58,10 +58,18 @@ Result<ParsedConfig> parse_config(const ncclConfig_t* cfg, const ParsedConfig& i
   return out;
 }
 
-ParsedConfig env_defaults() {
-  ParsedConfig p;
-  p.blocking = default_blocking();
-  return p;
+// As NCCL (init.cc: copyCommConfig, parseCommConfig, envConfigOverride):
+// without a config a communicator takes `inherit` (the parent's settings
+// for split/shrink, the defaults for init); a config starts from the
+// defaults, not from the parent's; then NCCL_COMM_BLOCKING=0|1 overrides
+// `blocking` either way. Regression: the variable only filled in a config's
+// unset `blocking`, and a split with a config that left it unset kept the
+// parent's (NcclApi.CommBlockingEnvOverridesTheConfig,
+// NcclApi.SplitWithAConfigStartsFromTheDefaults).
+Result<ParsedConfig> parse_config(const ncclConfig_t* cfg, const ParsedConfig& inherit) {
+  LOOM_ASSIGN_OR_RETURN(ParsedConfig out, parse_given_config(cfg, inherit));
+  if (std::optional<bool> env = blocking_from_env()) out.blocking = *env;
+  return out;
 }
 
 loom::Config to_loom(const ParsedConfig& p) {
@@ -118,7 +126,7 @@ Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int
   apply_nccl_env();
   if (out == nullptr) return invalid_argument("comm (output pointer) is NULL");
   LOOM_RETURN_IF_ERROR(check_ranks(nranks, rank));
-  LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, env_defaults()));
+  LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, ParsedConfig{}));
   UniqueId lid = to_loom_id(id);
   loom::Config lc = to_loom(pc);
   return create(out, pc, nranks, rank,
@@ -218,7 +226,7 @@ extern "C" ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int*
           return invalid_usage("devlist names device " + std::to_string(devlist[i]) + " twice");
       }
     }
-    ParsedConfig pc = env_defaults();
+    ParsedConfig pc;
     pc.blocking = true;  // InitAll returns initialized communicators
     LOOM_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Comm>> all,
                           Comm::init_all(ndev, to_loom(pc)));

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -151,9 +152,20 @@ void log(LogLevel level, const std::string& msg) {
   std::fprintf(stderr, "loom-nccl %s %s\n", tag, msg.c_str());
 }
 
-bool default_blocking() {
+std::optional<bool> blocking_from_env() {
   const char* v = std::getenv("NCCL_COMM_BLOCKING");
-  return v == nullptr || std::atoi(v) != 0;
+  if (v == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 0);
+  if (end == v || *end != '\0' || (x != 0 && x != 1)) {
+    static std::once_flag warned;
+    std::call_once(warned, [v] {
+      if (log_enabled(LogLevel::kWarn))
+        log(LogLevel::kWarn, std::string("NCCL_COMM_BLOCKING=") + v + " is not 0 or 1: ignored");
+    });
+    return std::nullopt;
+  }
+  return x == 1;
 }
 
 void apply_nccl_env() {

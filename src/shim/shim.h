@@ -164,8 +164,9 @@ void log(LogLevel level, const std::string& msg);
 // NCCL_ALGO -> LOOM_ALGO ("" when nothing translates); untranslated parts
 // are appended to `dropped`.
 std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::string>* dropped);
-// NCCL_COMM_BLOCKING default for configs that leave `blocking` unset.
-bool default_blocking();
+// NCCL_COMM_BLOCKING: 0 or 1 overrides every communicator's
+// ncclConfig_t.blocking (as NCCL); unset or another value: nullopt.
+std::optional<bool> blocking_from_env();
 
 // ---- comm_state.cc -------------------------------------------------------
 // Validates a handle and waits until its creation finished; fails with the

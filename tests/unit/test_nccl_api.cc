@@ -2,6 +2,7 @@
 // calls): group semantics, non-blocking communicators, Split/Shrink/Revoke
 // and errors inside groups. Multi-process coverage is in tests/abi.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -252,6 +253,65 @@ TEST(NcclApi, InitAllChecksArgumentsWithNcclsCodes) {
   EXPECT_EQ(ncclCommInitAll(c, 0, nullptr), ncclSuccess);
   EXPECT_EQ(c[0], nullptr);
   EXPECT_EQ(c[1], nullptr);
+}
+
+// Whether a communicator is blocking shows in its creation call: a
+// one-rank communicator is ready at once, so a blocking InitRankConfig or
+// Split returns ncclSuccess and a non-blocking one ncclInProgress.
+ncclResult_t init_one(ncclComm_t* c, const ncclConfig_t* cfg) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return ncclInternalError;
+  return ncclCommInitRankConfig(c, 1, id, 0, const_cast<ncclConfig_t*>(cfg));
+}
+
+// NCCL_COMM_BLOCKING=0|1 overrides ncclConfig_t.blocking (NCCL's
+// envConfigOverride), whether the config sets it or not; other values are
+// ignored. Regression: the variable only filled in a config's unset field.
+TEST(NcclApi, CommBlockingEnvOverridesTheConfig) {
+  struct Case {
+    const char* env;  // nullptr: unset
+    int blocking;     // the config's; NCCL_CONFIG_UNDEF_INT: left unset
+    ncclResult_t want;
+  };
+  for (const Case& k : {Case{"0", 1, ncclInProgress}, Case{"1", 0, ncclSuccess}, Case{"0", NCCL_CONFIG_UNDEF_INT, ncclInProgress},
+                        Case{nullptr, 0, ncclInProgress}, Case{nullptr, NCCL_CONFIG_UNDEF_INT, ncclSuccess},
+                        Case{"yes", 0, ncclInProgress}}) {
+    if (k.env) setenv("NCCL_COMM_BLOCKING", k.env, 1);
+    else unsetenv("NCCL_COMM_BLOCKING");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = k.blocking;
+    ncclComm_t c = nullptr;
+    EXPECT_EQ(init_one(&c, &cfg), k.want) << "NCCL_COMM_BLOCKING=" << (k.env ? k.env : "(unset)")
+                                          << " config.blocking=" << k.blocking;
+    unsetenv("NCCL_COMM_BLOCKING");
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(wait_ready(c), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+}
+
+// A split without a config inherits the parent's blocking; one with a
+// config starts from the defaults (blocking), as NCCL's parseCommConfig.
+// Regression: a config that left `blocking` unset kept the parent's.
+TEST(NcclApi, SplitWithAConfigStartsFromTheDefaults) {
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  ncclComm_t parent = nullptr;
+  ASSERT_EQ(init_one(&parent, &nb), ncclInProgress);
+  ASSERT_EQ(wait_ready(parent), ncclSuccess);
+  ncclComm_t inherited = nullptr, fresh = nullptr, shrunk = nullptr;
+  EXPECT_EQ(ncclCommSplit(parent, 0, 0, &inherited, nullptr), ncclInProgress);
+  ASSERT_NE(inherited, nullptr);
+  EXPECT_EQ(wait_ready(inherited), ncclSuccess);
+  ncclConfig_t unset = NCCL_CONFIG_INITIALIZER;
+  EXPECT_EQ(ncclCommSplit(parent, 0, 0, &fresh, &unset), ncclSuccess);
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(ncclCommShrink(parent, nullptr, 0, &shrunk, &unset, NCCL_SHRINK_DEFAULT), ncclSuccess);
+  ASSERT_NE(shrunk, nullptr);
+  for (ncclComm_t c : {inherited, fresh, shrunk, parent}) {
+    EXPECT_EQ(wait_ready(c), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
 }
 
 }  // namespace
