@@ -21,6 +21,7 @@
 //   thread at any time.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,10 @@ struct Config {
   double timeout_s = 0;
   // Name used in logs and diagnostics ("tp", "dp0", ...).
   std::string name;
+  // Optional: set it to true from any thread to make an init_rank still
+  // waiting for its peers fail at once with kAborted (ncclCommAbort of a
+  // communicator that is still initialising). Not looked at after init.
+  std::shared_ptr<std::atomic<bool>> cancel;
 };
 
 // Creates a unique id and, in this process, the rendezvous root that the

@@ -56,7 +56,12 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->name_ = cfg.name.empty() ? "comm" : cfg.name;
   c->timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : params::timeout_s();
   Deadline deadline = deadline_after(c->timeout_s_);
-  LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, &c->abort_));
+  // Until the comm is returned nobody can call its abort(): the caller's
+  // cancel flag, if any, stops init's waits instead (the bootstrap's, the
+  // socket setup's). Regression: ncclCommAbort of a comm still initialising
+  // waited for init to fail at LOOM_TIMEOUT (NcclAbort.OfACommStillInitialising).
+  const std::atomic<bool>* init_abort = cfg.cancel ? cfg.cancel.get() : &c->abort_;
+  LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, init_abort));
   // Host index of every rank (its lowest rank with the same host hash), for
   // hierarchical algorithms (CollArgs::host_of_rank).
   c->host_of_rank_.assign(nranks, 0);
@@ -70,7 +75,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   // Shared memory inside a host, sockets between hosts (LOOM_TRANSPORT).
   LOOM_ASSIGN_OR_RETURN(TransportMode mode, parse_transport_mode(params::transport()));
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
-                                                               &c->abort_));
+                                                               init_abort));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
   // The tuner's model of several hosts needs to know there are several (its
   // default is one host with every rank on it, which hid the cost of the
@@ -88,6 +93,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
   LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
+  c->boot_->set_abort_flag(&c->abort_);  // from now on abort() is the way
   c->max_queued_ = static_cast<size_t>(params::max_queued_ops());
   c->gate_->comm = c.get();
   c->engine_ = std::thread([p = c.get()] { p->engine_main(); });

@@ -81,8 +81,10 @@ loom::Config to_loom(const ParsedConfig& p) {
 // Creates the handle and runs `make` now (blocking, outside a group) or in
 // the background (non-blocking config or inside a group).
 Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
-              std::function<Result<std::unique_ptr<Comm>>()> make) {
+              std::function<Result<std::unique_ptr<Comm>>()> make,
+              std::shared_ptr<std::atomic<bool>> cancel = nullptr) {
   auto c = std::make_unique<ncclComm>();
+  c->init_cancel = std::move(cancel);
   c->blocking = pc.blocking;
   c->name = pc.name;
   c->rank = rank;
@@ -129,8 +131,9 @@ Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, ParsedConfig{}));
   UniqueId lid = to_loom_id(id);
   loom::Config lc = to_loom(pc);
-  return create(out, pc, nranks, rank,
-                [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); });
+  lc.cancel = std::make_shared<std::atomic<bool>>(false);  // ncclCommAbort while it initialises
+  return create(
+      out, pc, nranks, rank, [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); }, lc.cancel);
 }
 
 ParsedConfig settings_of(const ncclComm* c) {
@@ -319,6 +322,9 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     if (comm == nullptr) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_handle(comm));
     std::unique_ptr<ncclComm> owned(comm);
+    // Still initialising (non-blocking or grouped init): stop its waits for
+    // the peers instead of waiting for them until LOOM_TIMEOUT.
+    if (owned->init_cancel) owned->init_cancel->store(true);
     if (owned->ready.valid()) (void)owned->ready.get();
     if (owned->comm != nullptr) owned->comm->abort("ncclCommAbort");
     (void)drain(owned.get());  // aborted work finishes at once

@@ -103,6 +103,9 @@ struct ncclComm {
   // Creation may run in the background (non-blocking config, or inside a
   // group); `ready` becomes valid then and holds the creation status.
   std::shared_future<loom::Status> ready;
+  // Set by ncclCommAbort: an init still waiting for its peers fails at once
+  // (loom::Config::cancel). Null for split/shrink/InitAll.
+  std::shared_ptr<std::atomic<bool>> init_cancel;
 
   // Operations recorded while a group is open on this thread.
   std::vector<loom::shim::PendingOp> group_ops;

@@ -4,6 +4,7 @@
 // communicator refuses work and Finalize, and Split or Shrink of it still
 // gives a working communicator.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -272,6 +273,29 @@ TEST(NcclAbort, FromAnotherThreadEndsAHungCall) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
   EXPECT_NE(res, ncclSuccess) << "an aborted allreduce reported success";
   EXPECT_EQ(ncclCommAbort(c[1]), ncclSuccess);
+}
+
+// A non-blocking init whose peer never comes (rank 1 of 2 never calls):
+// ncclCommAbort must end it at once, not after the init timeout. Regression:
+// Abort waited for the init to fail by itself at LOOM_TIMEOUT (here set to
+// 60 s, so the old code takes a minute).
+TEST(NcclAbort, OfACommStillInitialising) {
+  setenv("LOOM_TIMEOUT", "60", 1);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t c = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
+  ASSERT_NE(c, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well into the wait for rank 1
+  ncclResult_t state = ncclSuccess;
+  EXPECT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress) << "the init cannot finish without rank 1";
+  const auto t0 = Clock::now();
+  EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  unsetenv("LOOM_TIMEOUT");
 }
 
 }  // namespace
