@@ -1,10 +1,13 @@
 #include "transport/shm/shm_transport.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -180,6 +183,12 @@ struct ShmTransport::Segment {
   uint64_t magic;
   int32_t pid;
   int32_t rank;
+  // Inode of the creator's pid namespace (0: unknown). Ranks of one host may
+  // live in different pid namespaces (containers sharing /dev/shm and the
+  // host name, e.g. two containers of a Kubernetes pod, often both pid 1):
+  // then `pid` means nothing to the peer. See same_process below.
+  uint64_t pid_ns;
+  uint64_t proc_token;  // random, one per process (process_token)
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> waiters;
   alignas(64) std::atomic<uint32_t> aborted;
@@ -240,11 +249,29 @@ static_assert(sizeof(ShmTransport::Segment) <= kHeaderBytes);
 
 namespace {
 
+// Whether two segments' creators are one process (ranks as threads): the
+// same pid in the same pid namespace; two live processes never share both.
+// Regression: pids alone were compared, so two containers' ranks, both pid
+// 1 in their own namespaces, took each other for threads of one process and
+// memcpy'd from addresses of the other's address space.
+// The random token settles it where /proc cannot name the namespace.
+bool same_process(const ShmTransport::Segment* a, const ShmTransport::Segment* b) {
+  return a->pid == b->pid && a->pid_ns == b->pid_ns && a->proc_token == b->proc_token;
+}
+// Whether b's pid is meaningless to a (another pid namespace: no
+// process_vm_readv, pidfd or kill(pid, 0) with it). Two live processes with
+// one pid are in different namespaces too.
+bool other_pid_namespace(const ShmTransport::Segment* a, const ShmTransport::Segment* b) {
+  if (a->pid_ns != 0 && b->pid_ns != 0) return a->pid_ns != b->pid_ns;
+  return a->pid == b->pid && a->proc_token != b->proc_token;
+}
+
 // Copies len bytes between `local` here and addr in process pid (Linux CMA:
 // process_vm_writev when `write`, else process_vm_readv); same process: memcpy.
-bool cma_copy(int pid, uint64_t addr, std::byte* local, size_t len, bool write, int* err) {
+// (Not pid == getpid(): a peer in another pid namespace may have our pid.)
+bool cma_copy(bool same_process, int pid, uint64_t addr, std::byte* local, size_t len, bool write, int* err) {
   void* remote_p = reinterpret_cast<void*>(addr);
-  if (pid == getpid()) {
+  if (same_process) {
     if (write) std::memcpy(remote_p, local, len);
     else std::memcpy(local, remote_p, len);
     return true;
@@ -263,11 +290,42 @@ bool cma_copy(int pid, uint64_t addr, std::byte* local, size_t len, bool write, 
   return true;
 }
 
-bool cma_read(int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
-  return cma_copy(pid, addr, dst, len, false, err);
+bool cma_read(bool same_process, int pid, uint64_t addr, std::byte* dst, size_t len, int* err) {
+  return cma_copy(same_process, pid, addr, dst, len, false, err);
 }
-bool cma_write(int pid, uint64_t addr, const std::byte* src, size_t len, int* err) {
-  return cma_copy(pid, addr, const_cast<std::byte*>(src), len, true, err);
+bool cma_write(bool same_process, int pid, uint64_t addr, const std::byte* src, size_t len, int* err) {
+  return cma_copy(same_process, pid, addr, const_cast<std::byte*>(src), len, true, err);
+}
+
+// A random number of this process, never 0; a forked child draws its own.
+std::atomic<uint64_t> g_proc_token{0};
+uint64_t process_token() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, [] { g_proc_token.store(0); }); });
+  uint64_t t = g_proc_token.load();
+  if (t != 0) return t;
+  uint64_t fresh = 0;
+  if (getrandom(&fresh, sizeof(fresh), 0) != sizeof(fresh))
+    fresh = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+  fresh |= 1;
+  return g_proc_token.compare_exchange_strong(t, fresh) ? fresh : t;  // t: another thread's, if it won
+}
+
+// The inode of this process's pid namespace, 0 when /proc cannot tell.
+uint64_t own_pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// Liveness of a peer whose pid means nothing here (another pid namespace):
+// its creator holds an exclusive flock on its segment for as long as it
+// lives (the kernel drops it when the process dies); `fd` is ours on that
+// segment. True while the lock is held, or when this cannot tell.
+bool segment_owner_alive(int fd) {
+  if (fd < 0) return true;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) return true;  // held (EWOULDBLOCK) or cannot tell
+  flock(fd, LOCK_UN);
+  return false;
 }
 
 // A receiver's mappings of its peers' mem_alloc buffers, shared by every
@@ -382,7 +440,7 @@ class ShmConnection final : public Connection {
         in_data_(self->data(peer_rank, nranks, cap)),
         cap_(cap),
         step_(step),
-        same_process_(peer->pid == self->pid) {
+        same_process_(same_process(self, peer)) {
     tail_ = out_ctl_->tail.load(std::memory_order_relaxed);
     head_ = in_ctl_->head.load(std::memory_order_relaxed);
     out_push_seen_ = out_ctl_->push_seq.load(std::memory_order_relaxed);
@@ -468,7 +526,8 @@ class ShmConnection final : public Connection {
     if (!stage_) stage_ = std::make_unique<std::byte[]>(kCmaStageBytes);
     size_t n = std::min({msg_remaining, kCmaStageBytes, read_end_ - in_done_});
     if (!enter_peer_memory(in_ctl_->rx_in_sender, false)) return {};
-    const bool ok = cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_);
+    const bool ok =
+        cma_read(same_process_, static_cast<int>(desc_.pid), desc_.addr + in_done_, stage_.get(), n, &cma_errno_);
     leave_peer_memory(in_ctl_->rx_in_sender);
     if (!ok) return {};
     return {stage_.get(), n};
@@ -517,7 +576,7 @@ class ShmConnection final : public Connection {
     if (!enter_peer_memory(in_ctl_->rx_in_sender, false)) return 0;
     bool ok = true;
     if (peer_src_) std::memcpy(dst, peer_src_ + in_done_, n);
-    else ok = cma_read(static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_);
+    else ok = cma_read(same_process_, static_cast<int>(desc_.pid), desc_.addr + in_done_, dst, n, &cma_errno_);
     leave_peer_memory(in_ctl_->rx_in_sender);
     if (!ok) return 0;
     ack(n);
@@ -715,7 +774,7 @@ class ShmConnection final : public Connection {
     const uint64_t off = out_ctl_->push_off, len = out_ctl_->push_len;
     bool ok = off + len <= out_total_ && enter_peer_memory(out_ctl_->tx_in_receiver, true);
     if (ok) {
-      ok = cma_write(peer_->pid, out_ctl_->push_dst, msg + off, static_cast<size_t>(len), &err);
+      ok = cma_write(same_process_, peer_->pid, out_ctl_->push_dst, msg + off, static_cast<size_t>(len), &err);
       leave_peer_memory(out_ctl_->tx_in_receiver);
     }
     if (ok) {
@@ -842,7 +901,7 @@ class ShmConnection final : public Connection {
     bump_test_counter(g_single_copy_messages);
     peer_map_.reset();
     peer_src_ = nullptr;
-    if ((desc_.flags & kCmaMappable) && map_peers_ && desc_.pid != getpid()) {
+    if ((desc_.flags & kCmaMappable) && map_peers_ && !same_process_) {
       peer_map_ = PeerMaps::get().lookup(desc_);
       if (peer_map_) {
         peer_src_ = static_cast<const std::byte*>(peer_map_->base) + desc_.map_offset;
@@ -1018,6 +1077,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   t->fifo_bytes_ = std::max<size_t>(4096, round8(fifo_bytes));
   t->seg_bytes_ = kHeaderBytes + n * kFifoCtlBytes + n * t->fifo_bytes_;
   t->segs_.assign(n, nullptr);
+  t->peer_fds_.assign(n, -1);
   t->conns_.resize(n);
   t->batch_.is_owed.assign(n, 0);
   t->batch_.owed.reserve(n);
@@ -1071,15 +1131,22 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     }
   }
   void* p = mmap(nullptr, t->seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
+    const int e = errno;
+    close(fd);
     shm_unlink(t->own_name_.c_str());
-    return system_error("mmap shm segment", errno);
+    return system_error("mmap shm segment", e);
   }
+  // Held until this process dies: how peers in another pid namespace tell
+  // that it is alive (segment_owner_alive).
+  (void)flock(fd, LOCK_EX | LOCK_NB);
+  t->own_fd_ = fd;
   SegmentMaps::get().add(t->own_name_, p, t->seg_bytes_);
   auto* self = static_cast<Segment*>(p);
   t->segs_[r] = self;  // released by the destructor from here on
   self->pid = getpid();
+  self->pid_ns = own_pid_namespace();
+  self->proc_token = process_token();
   self->rank = r;
   new (&self->doorbell) std::atomic<uint32_t>(0);
   new (&self->waiters) std::atomic<uint32_t>(0);
@@ -1115,11 +1182,21 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     void* q = SegmentMaps::get().acquire(name);  // a rank of this process
     if (q == nullptr) {
       int pfd = shm_open(name.c_str(), O_RDWR, 0600);
-      if (pfd < 0) return system_error("shm_open peer segment " + name + " of rank " + std::to_string(i), errno);
+      if (pfd < 0)
+        return system_error("shm_open peer segment " + name + " of rank " + std::to_string(i) +
+                                " (ranks with the same host name and boot id must share /dev/shm: containers need "
+                                "a common /dev/shm or --ipc=host; or set LOOM_HOST_ID per container, or "
+                                "LOOM_TRANSPORT=socket)",
+                            errno);
       q = mmap(nullptr, t->seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-      close(pfd);
-      if (q == MAP_FAILED) return system_error("mmap peer segment of rank " + std::to_string(i), errno);
+      if (q == MAP_FAILED) {
+        const int e = errno;
+        close(pfd);
+        return system_error("mmap peer segment of rank " + std::to_string(i), e);
+      }
       SegmentMaps::get().add(name, q, t->seg_bytes_);
+      if (other_pid_namespace(self, static_cast<Segment*>(q))) t->peer_fds_[i] = pfd;  // liveness by its lock
+      else close(pfd);
     }
     t->segs_[i] = static_cast<Segment*>(q);
     if (t->segs_[i]->magic != kSegMagic || t->segs_[i]->rank != i)
@@ -1135,11 +1212,14 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
       if (i == r || !t->segs_[i]) continue;
       uint64_t word = 0;
       int err = 0;
-      if (!cma_read(t->segs_[i]->pid, t->segs_[i]->cma_probe_addr, reinterpret_cast<std::byte*>(&word), sizeof(word),
-                    &err) ||
+      const bool foreign = other_pid_namespace(self, t->segs_[i]);
+      if (foreign || !cma_read(same_process(self, t->segs_[i]), t->segs_[i]->pid, t->segs_[i]->cma_probe_addr,
+                               reinterpret_cast<std::byte*>(&word), sizeof(word), &err) ||
           word != kCmaMagic) {
         LOOM_INFO(kLogShm, "rank {}: single-copy reads from rank {} not possible ({}); using FIFO copies", r, i,
-                  err ? std::strerror(err) : "probe mismatch");
+                  foreign ? "it runs in another pid namespace"
+                  : err   ? std::strerror(err)
+                          : "probe mismatch");
         self->cma_threshold = UINT64_MAX;
         self->cma_plain_threshold = UINT64_MAX;
         self->cma_xproc_threshold = UINT64_MAX;
@@ -1155,13 +1235,14 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   bool can_push = self->cma_threshold != UINT64_MAX || self->cma_plain_threshold != UINT64_MAX ||
                   self->cma_xproc_threshold != UINT64_MAX || self->cma_plain_xproc_threshold != UINT64_MAX;
   for (int i = 0; i < n && can_push; ++i) {
-    if (i == r || !t->segs_[i] || t->segs_[i]->pid == getpid()) continue;
+    if (i == r || !t->segs_[i] || same_process(self, t->segs_[i])) continue;
     uint64_t word = kCmaMagic;
     int err = 0;
-    if (!cma_write(t->segs_[i]->pid, t->segs_[i]->cma_probe_addr, reinterpret_cast<const std::byte*>(&word),
-                   sizeof(word), &err)) {
+    const bool foreign = other_pid_namespace(self, t->segs_[i]);
+    if (foreign || !cma_write(false, t->segs_[i]->pid, t->segs_[i]->cma_probe_addr,
+                              reinterpret_cast<const std::byte*>(&word), sizeof(word), &err)) {
       LOOM_INFO(kLogShm, "rank {}: writing into rank {} not possible ({}); receivers copy alone", r, i,
-                std::strerror(err));
+                foreign ? "it runs in another pid namespace" : std::strerror(err));
       can_push = false;
     }
   }
@@ -1194,6 +1275,13 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
 
 uint64_t ShmTransport::shared_copy_bytes() { return g_shared_copy_bytes.load(std::memory_order_relaxed); }
 
+// kill(pid, 0) + /proc for a peer of this pid namespace; the segment's lock
+// for one in another (its pid means nothing here).
+bool ShmTransport::rank_alive(int peer) const {
+  if (other_pid_namespace(segs_[rank_], segs_[peer])) return segment_owner_alive(peer_fds_[peer]);
+  return peer_alive(segs_[peer]->pid);
+}
+
 ShmTransport::~ShmTransport() {
   // Orderly close: the engine has stopped, so every FIFO write of this rank
   // is done; peers may drain them after we are gone. A rank that announced a
@@ -1207,6 +1295,9 @@ ShmTransport::~ShmTransport() {
   for (auto* s : segs_)
     if (s) SegmentMaps::get().release(s);
   if (!unlinked_ && !own_name_.empty()) shm_unlink(own_name_.c_str());
+  for (int fd : peer_fds_)
+    if (fd >= 0) close(fd);
+  if (own_fd_ >= 0) close(own_fd_);  // drops the liveness lock
 }
 
 // One fence for every write since the last call (the writes' side of the
@@ -1289,14 +1380,15 @@ Status ShmTransport::check_peer(int peer) {
     return std::nullopt;
   };
   if (auto st = said()) return *st;
-  if (!peer_alive(s->pid)) {
+  if (!rank_alive(peer)) {
     // Read again: the peer may have announced its failure (or closed) and
     // exited between the reads above and the liveness check. Its flags were
     // written before it exited, so they are visible now. Regression: a rank
     // that failed because a third one was killed, then exited, was reported
     // as the one that "died" (test_kill, 1 run in ~40 under load).
     if (auto st = said()) return *st;
-    return remote_error("rank " + std::to_string(peer) + " (pid " + std::to_string(s->pid) + " on " +
+    return remote_error("rank " + std::to_string(peer) + " (pid " + std::to_string(s->pid) +
+                        (other_pid_namespace(segs_[rank_], s) ? " in another pid namespace" : "") + " on " +
                         peer_hosts_[peer] + ") died");
   }
   if (int e = static_cast<ShmConnection*>(conns_[peer].get())->cma_errno())
@@ -1328,7 +1420,7 @@ void ShmTransport::announce_abort(const std::string& reason) {
     auto* c = static_cast<ShmConnection*>(conns_[p].get());
     for (int i = 0; c && c->peer_inside(); ++i) {
       if ((i & 1023) == 1023) {
-        if (!peer_alive(segs_[p]->pid)) break;
+        if (!rank_alive(p)) break;
         if (Clock::now() - start > std::chrono::seconds(10)) {
           LOOM_WARN(kLogShm,
                     "rank {}: rank {} is still copying from or into this rank's buffers 10 s after the failure; "

@@ -109,6 +109,12 @@ class ShmTransport final : public Transport {
   std::vector<std::string> peer_hosts_;
   std::mutex abort_mu_;  // announce_abort
   bool announced_ = false;
+  // Our segment's descriptor, holding an exclusive flock while we live, and
+  // ours on the segments of peers in another pid namespace (-1: none); see
+  // rank_alive.
+  int own_fd_ = -1;
+  std::vector<int> peer_fds_;
+  bool rank_alive(int peer) const;
   uint64_t cma_probe_ = 0x434d41444553431ull;  // peers read it to test single-copy permission
 };
 
