@@ -541,8 +541,12 @@ void CommImpl::engine_main() {
       // it returns with ops left, e.g. ones issued after the one it waits for.
       // Parked on its own condition variable, so the enqueue of every op the
       // waiting thread will run itself does not wake the engine too.
+      // Stopping (destroy) does not end this wait: the queued ops still run
+      // once that thread lets go of the gate. Regression: the wait returned
+      // at once while stopping_ was set, and the engine spun on a core until
+      // the other thread's op ended (CallerRuns.DestroyBehindAHungOpAtIssueDoesNotSpin).
       std::unique_lock<std::mutex> lk(mu_);
-      gate_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_; });
+      gate_cv_.wait_for(lk, std::chrono::milliseconds(1));
       continue;
     }
     while (run_next_queued()) {
