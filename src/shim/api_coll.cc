@@ -171,13 +171,43 @@ struct ResolvedOp {
   std::optional<PreMulOp> premul;
 };
 
+}  // namespace
+
+uint32_t loom::shim::new_op_tag() {
+  static std::atomic<uint32_t> next{0};
+  return 1 + next.fetch_add(1, std::memory_order_relaxed) % 32766;
+}
+
+namespace {
+
+// A PreMulSum operator's value: ncclNumOps + (communicator tag << 16) +
+// slot. Regression: it was ncclNumOps + slot on every communicator, so an
+// operator used on another communicator silently took that one's operator
+// (another scalar: wrong results), and ncclRedOpDestroy destroyed it.
+constexpr int kOpSlotBits = 16;
+constexpr size_t kMaxOpSlots = size_t{1} << kOpSlotBits;
+ncclRedOp_t op_value(const ncclComm* c, size_t slot) {
+  return static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>((c->op_tag << kOpSlotBits) | slot));
+}
+// The slot of a PreMulSum operator of `c`, or an error naming what is wrong.
+Result<size_t> op_slot(const ncclComm* c, int v) {
+  if (v < ncclNumOps) return invalid_argument("invalid reduction operator " + std::to_string(v));
+  const uint32_t rel = static_cast<uint32_t>(v - ncclNumOps);
+  const size_t slot = rel & (kMaxOpSlots - 1);
+  if ((rel >> kOpSlotBits) != c->op_tag)
+    return invalid_argument("reduction operator " + std::to_string(v) +
+                            " is not one of this communicator's (ncclRedOpCreatePreMulSum on another "
+                            "communicator, or not an operator)");
+  if (slot >= c->premul_ops.size() || !c->premul_ops[slot])
+    return invalid_argument("reduction operator " + std::to_string(v) + " was destroyed (ncclRedOpDestroy)");
+  return slot;
+}
+
 Result<ResolvedOp> resolve_op(ncclComm* c, ncclRedOp_t op, DataType dt) {
   int v = static_cast<int>(op);
   if (v >= 0 && v < ncclNumOps) return ResolvedOp{static_cast<RedOp>(v), std::nullopt};
-  size_t slot = static_cast<size_t>(v) - ncclNumOps;
   std::lock_guard<std::mutex> lock(c->mu);
-  if (v < 0 || slot >= c->premul_ops.size() || !c->premul_ops[slot])
-    return invalid_argument("invalid reduction operator " + std::to_string(v));
+  LOOM_ASSIGN_OR_RETURN(size_t slot, op_slot(c, v));
   const PreMulOp& pm = *c->premul_ops[slot];
   if (pm.dtype != dt)
     return invalid_argument("PreMulSum operator " + std::to_string(v) + " was created for " +
@@ -689,11 +719,10 @@ extern "C" ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
     std::lock_guard<std::mutex> lock(c->mu);
     size_t slot = 0;
     while (slot < c->premul_ops.size() && c->premul_ops[slot]) ++slot;
-    if (slot + ncclNumOps > static_cast<size_t>(ncclMaxRedOp))
-      return invalid_usage("too many PreMulSum operators");
+    if (slot >= kMaxOpSlots) return invalid_usage("too many PreMulSum operators on this communicator");
     if (slot == c->premul_ops.size()) c->premul_ops.emplace_back();
     c->premul_ops[slot] = pm;
-    *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(slot));
+    *op = op_value(c, slot);
     return Status::ok();
   });
 }
@@ -705,10 +734,7 @@ extern "C" ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     if (v >= 0 && v < ncclNumOps)
       return invalid_argument("cannot destroy built-in operator " + std::to_string(v));
     std::lock_guard<std::mutex> lock(c->mu);
-    size_t slot = static_cast<size_t>(v) - ncclNumOps;
-    if (v < 0 || slot >= c->premul_ops.size() || !c->premul_ops[slot])
-      return invalid_argument("operator " + std::to_string(v) +
-                              " was not created on this communicator");
+    LOOM_ASSIGN_OR_RETURN(size_t slot, op_slot(c, v));
     c->premul_ops[slot].reset();
     return Status::ok();
   });

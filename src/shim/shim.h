@@ -78,6 +78,11 @@ struct PreMulOp {
 
 }  // namespace loom::shim
 
+namespace loom::shim {
+// A tag for a new communicator's PreMulSum operators, 1..32766, cycling.
+uint32_t new_op_tag();
+}  // namespace loom::shim
+
 // Behind a registration handle (ncclCommRegister) or an ncclWindow_t.
 struct ncclWindow_vidmem {
   void* buff = nullptr;
@@ -123,6 +128,11 @@ struct ncclComm {
   bool finalized = false;
   std::map<void*, std::unique_ptr<ncclWindow_vidmem>> registrations;  // by handle
   std::vector<std::optional<loom::shim::PreMulOp>> premul_ops;
+  // Carried in the values of this communicator's PreMulSum operators
+  // (op_value in api_coll.cc): an operator of another communicator is
+  // refused, as NCCL's ncclUserRedOpMangle does, instead of naming this
+  // communicator's operator in the same slot.
+  const uint32_t op_tag = loom::shim::new_op_tag();
   // Pinned host buffers for staging CUDA device buffers (staging.h); last
   // member, so freed after everything else.
   loom::shim::StagingRef staging;

@@ -314,4 +314,37 @@ TEST(NcclApi, SplitWithAConfigStartsFromTheDefaults) {
   }
 }
 
+// A PreMulSum operator belongs to the communicator that made it (NCCL
+// mangles its value with the communicator): used or destroyed on another
+// one it is ncclInvalidArgument. Regression: operators were numbered per
+// communicator from the same base, so comm B's allreduce with comm A's
+// operator silently scaled by B's scalar, and RedOpDestroy(opA, B) destroyed
+// B's operator.
+TEST(NcclApi, PreMulSumOperatorsBelongToTheirCommunicator) {
+  Comms a, b;
+  float two = 2.0f, three = 3.0f;
+  ncclRedOp_t op_a, op_b;
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op_a, &two, ncclFloat, ncclScalarHostImmediate, a.c[0]), ncclSuccess);
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op_b, &three, ncclFloat, ncclScalarHostImmediate, b.c[0]), ncclSuccess);
+  EXPECT_NE(op_a, op_b);
+  float x = 1.0f;
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, op_a, b.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(b.c[0])).find("not one of this communicator's"), std::string::npos)
+      << ncclGetLastError(b.c[0]);
+  EXPECT_EQ(ncclRedOpDestroy(op_a, b.c[0]), ncclInvalidArgument);
+  // op_b still works on every rank of b (each rank makes its own, as in NCCL).
+  ncclRedOp_t ops[kN];
+  ops[0] = op_b;
+  for (int r = 1; r < kN; ++r)
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&ops[r], &three, ncclFloat, ncclScalarHostImmediate, b.c[r]), ncclSuccess);
+  float v[kN] = {1, 1, 1, 1};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclFloat, ops[r], b.c[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (float y : v) EXPECT_EQ(y, 3.0f * kN);
+  for (int r = 0; r < kN; ++r) EXPECT_EQ(ncclRedOpDestroy(ops[r], b.c[r]), ncclSuccess);
+  EXPECT_EQ(ncclRedOpDestroy(op_a, a.c[0]), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, op_a, a.c[0], nullptr), ncclInvalidArgument) << "used after destroy";
+}
+
 }  // namespace
