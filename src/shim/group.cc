@@ -94,89 +94,114 @@ std::vector<std::unique_ptr<CallScope>> enter_calls(const std::vector<ncclComm*>
 }
 }  // namespace
 
+namespace {
+// The outermost GroupEnd's work (also SimulateEnd's without a simInfo):
+// finish blocking creations, then issue and settle every comm's ops.
+Status end_group(GroupState g) {
+  auto in_calls = enter_calls(g.comms);  // an abort from another thread waits for us
+  Status first = g.error;
+  bool in_progress = false;
+  // Creations first: operations in the same group may not use them, but
+  // the caller expects them ready (blocking) once GroupEnd returns.
+  for (auto& [done, blocking] : g.creations) {
+    if (!blocking) {
+      in_progress = true;
+      continue;
+    }
+    Status s = done.get();
+    if (!s.is_ok() && first.is_ok()) first = s.with_context("communicator creation in group");
+  }
+  if (!first.is_ok()) {
+    for (ncclComm* c : g.comms) c->group_ops.clear();
+    return first;
+  }
+
+  std::vector<std::pair<ncclComm*, Completion>> issued;
+  for (ncclComm* c : g.comms) {
+    std::vector<PendingOp> ops = std::move(c->group_ops);
+    c->group_ops.clear();
+    Completion done;
+    Status s = issue_batch(c, ops, done);
+    if (!s.is_ok()) {
+      record_error(c, s);
+      if (first.is_ok()) first = s;
+    }
+    issued.emplace_back(c, std::move(done));
+  }
+  for (auto& [c, done] : issued) {
+    Status s = settle(c, std::move(done));
+    if (s.code() == StatusCode::kInProgress) {
+      in_progress = true;
+    } else if (!s.is_ok()) {
+      record_error(c, s);
+      if (first.is_ok()) first = s;
+    }
+  }
+  if (!first.is_ok()) return first;
+  if (in_progress) return Status(StatusCode::kInProgress, "group in progress");
+  return Status::ok();
+}
+
+// Ends the group without running its ops (SimulateEnd, or a group that
+// failed): blocking creations still complete (they cannot be undone).
+Status drop_group(GroupState g, Status first) {
+  auto in_calls = enter_calls(g.comms);
+  for (ncclComm* c : g.comms) c->group_ops.clear();
+  for (auto& [done, blocking] : g.creations)
+    if (blocking) {
+      Status s = done.get();
+      if (!s.is_ok() && first.is_ok()) first = s;
+    }
+  return first;
+}
+}  // namespace
+
 extern "C" ncclResult_t pncclGroupEnd() {
   return guard("ncclGroupEnd", nullptr, [&]() -> Status {
     if (t_group.depth == 0) return invalid_usage("ncclGroupEnd without matching ncclGroupStart");
     if (--t_group.depth > 0) return Status::ok();
-    GroupState g = take_group();
-    auto in_calls = enter_calls(g.comms);  // an abort from another thread waits for us
-
-    Status first = g.error;
-    bool in_progress = false;
-    // Creations first: operations in the same group may not use them, but
-    // the caller expects them ready (blocking) once GroupEnd returns.
-    for (auto& [done, blocking] : g.creations) {
-      if (!blocking) {
-        in_progress = true;
-        continue;
-      }
-      Status s = done.get();
-      if (!s.is_ok() && first.is_ok()) first = s.with_context("communicator creation in group");
-    }
-    if (!first.is_ok()) {
-      for (ncclComm* c : g.comms) c->group_ops.clear();
-      return first;
-    }
-
-    std::vector<std::pair<ncclComm*, Completion>> issued;
-    for (ncclComm* c : g.comms) {
-      std::vector<PendingOp> ops = std::move(c->group_ops);
-      c->group_ops.clear();
-      Completion done;
-      Status s = issue_batch(c, ops, done);
-      if (!s.is_ok()) {
-        record_error(c, s);
-        if (first.is_ok()) first = s;
-      }
-      issued.emplace_back(c, std::move(done));
-    }
-    for (auto& [c, done] : issued) {
-      Status s = settle(c, std::move(done));
-      if (s.code() == StatusCode::kInProgress) {
-        in_progress = true;
-      } else if (!s.is_ok()) {
-        record_error(c, s);
-        if (first.is_ok()) first = s;
-      }
-    }
-    if (!first.is_ok()) return first;
-    if (in_progress) return Status(StatusCode::kInProgress, "group in progress");
-    return Status::ok();
+    return end_group(take_group());
   });
 }
 
+// As NCCL's ncclGroupEndInternal(simInfo): the depth is checked and
+// decremented first; the outermost call returns the group's error, then a
+// NULL simInfo makes it a plain GroupEnd (the ops run), a bad magic ends
+// the group with ncclInvalidArgument (the ops dropped), else it estimates
+// and drops the ops. Regression: a NULL or bad simInfo was refused before
+// the depth was touched, so the group stayed open and poisoned (the next
+// standalone call returned success without running; GroupEnd then failed
+// with the SimulateEnd error), and a group that had failed was simulated
+// as if it had not.
 extern "C" ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {
   return guard("ncclGroupSimulateEnd", nullptr, [&]() -> Status {
-    if (info == nullptr) return invalid_argument("simInfo is NULL");
-    if (info->magic != 0x74685283u)
-      return invalid_argument("simInfo not initialized with NCCL_SIM_INFO_INITIALIZER (bad magic)");
     if (t_group.depth == 0) return invalid_usage("ncclGroupSimulateEnd without ncclGroupStart");
-    // Concurrent comms overlap; one comm's ops run in sequence.
-    double worst = 0;
-    for (ncclComm* c : t_group.comms) {
-      double t = 0;
-      for (const PendingOp& op : c->group_ops) {
-        // Loom's tuner (the algorithm it would pick, from the topology's cost
-        // model); the plain alpha-beta stand-in only where it has no model.
-        auto predicted = c->comm ? c->comm->predict_us(op.coll, op.bytes) : Result<double>(not_supported("no comm"));
-        t += predicted.is_ok() ? *predicted : estimate_us(op, c->nranks);
+    if (info != nullptr && info->magic == 0x74685283u) {
+      // Concurrent comms overlap; one comm's ops run in sequence.
+      double worst = 0;
+      for (ncclComm* c : t_group.comms) {
+        double t = 0;
+        for (const PendingOp& op : c->group_ops) {
+          // Loom's tuner (the algorithm it would pick, from the topology's cost
+          // model); the plain alpha-beta stand-in only where it has no model.
+          auto predicted = c->comm ? c->comm->predict_us(op.coll, op.bytes) : Result<double>(not_supported("no comm"));
+          t += predicted.is_ok() ? *predicted : estimate_us(op, c->nranks);
+        }
+        worst = std::max(worst, t);
       }
-      worst = std::max(worst, t);
+      info->estimatedTime = static_cast<float>(worst);
     }
-    info->estimatedTime = static_cast<float>(worst);
     if (--t_group.depth > 0) return Status::ok();
-    // Simulation ends the group without running it; creations cannot be
-    // undone, so they are completed as a real GroupEnd would.
     GroupState g = take_group();
-    auto in_calls = enter_calls(g.comms);  // an abort from another thread waits for us
-    for (ncclComm* c : g.comms) c->group_ops.clear();
-    Status first;
-    for (auto& [done, blocking] : g.creations)
-      if (blocking) {
-        Status s = done.get();
-        if (!s.is_ok() && first.is_ok()) first = s;
-      }
-    return first;
+    if (!g.error.is_ok()) {
+      Status err = g.error;
+      return drop_group(std::move(g), err);
+    }
+    if (info == nullptr) return end_group(std::move(g));
+    if (info->magic != 0x74685283u)
+      return drop_group(std::move(g),
+                        invalid_argument("simInfo not initialized with NCCL_SIM_INFO_INITIALIZER (bad magic)"));
+    return drop_group(std::move(g), Status::ok());
   });
 }
 

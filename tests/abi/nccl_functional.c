@@ -317,9 +317,14 @@ static void test_p2p_and_groups(ncclComm_t comm) {
   NCCLCHECK(ncclGroupSimulateEnd(&sim));
   CHECK(sim.estimatedTime > 0, "simulated time %g, want > 0", sim.estimatedTime);
   CHECK(b[0] == -5.0f && b[n - 1] == -5.0f, "GroupSimulateEnd ran the operation (%g)", b[0]);
+  /* A bad simInfo ends the group with ncclInvalidArgument (NCCL's
+     ncclGroupEndInternal checks the depth first: outside a group it is
+     ncclInvalidUsage). */
   ncclSimInfo_t bad_sim = NCCL_SIM_INFO_INITIALIZER;
   bad_sim.magic = 0;
+  NCCLCHECK(ncclGroupStart());
   EXPECT_ERROR(ncclGroupSimulateEnd(&bad_sim), ncclInvalidArgument, "magic");
+  EXPECT_ERROR(ncclGroupEnd(), ncclInvalidUsage, "without");
 
   free(send);
   free(recv);

@@ -113,6 +113,43 @@ TEST(NcclApi, SimulateEndEstimatesWithoutRunning) {
   EXPECT_GT(big_sim.estimatedTime, small_sim.estimatedTime);
 }
 
+// SimulateEnd ends the group whatever its simInfo, as NCCL's
+// ncclGroupEndInternal: NULL runs it like GroupEnd, a bad magic drops it
+// with ncclInvalidArgument, and a group with a failed call returns that
+// error. Regression: a NULL or bad simInfo left the group open, so a later
+// standalone allreduce returned success without running.
+TEST(NcclApi, SimulateEndAlwaysEndsTheGroup) {
+  Comms w;
+  int v[kN];
+  auto group_allreduce = [&](int start) {
+    for (int r = 0; r < kN; ++r) v[r] = start + r;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclInt32, ncclSum, w.c[r], nullptr), ncclSuccess);
+  };
+  ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
+  bad.magic = 0;
+  group_allreduce(1);
+  EXPECT_EQ(ncclGroupSimulateEnd(&bad), ncclInvalidArgument);
+  EXPECT_EQ(v[0], 1) << "a group ended by a bad simInfo ran";
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage) << "the group should be over";
+  // Not in a group any more: a grouped allreduce ends normally and runs.
+  group_allreduce(1);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(v[0], 10);
+  // NULL: a plain GroupEnd.
+  group_allreduce(2);
+  EXPECT_EQ(ncclGroupSimulateEnd(nullptr), ncclSuccess);
+  for (int x : v) EXPECT_EQ(x, 14);
+  // A failed call in the group: its error, nothing runs.
+  group_allreduce(3);
+  EXPECT_EQ(ncclAllReduce(&v[0], &v[0], 1, static_cast<ncclDataType_t>(99), ncclSum, w.c[0], nullptr),
+            ncclInvalidArgument);
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidArgument);
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidUsage) << "outside a group";
+}
+
 TEST(NcclApi, NestedGroupsRunAtTheOutermostEnd) {
   Comms w;
   int v[kN] = {1, 2, 3, 4};
