@@ -1,5 +1,7 @@
 // The shim's single error boundary: Status -> ncclResult_t, last-error text,
 // and the catch-all that keeps exceptions from crossing the C ABI.
+#include <string_view>
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <new>
@@ -80,6 +82,23 @@ bool wait_for_calls(ncclComm* comm, double limit_s) {
   return true;
 }
 
+namespace {
+// The calls whose failure inside a group fails the group (NCCL runs
+// ncclGroupErrCheck in them: enqueue, init, split/shrink, finalize,
+// destroy/abort, window registration). Queries, registration, PreMulSum
+// operators, memory and ids do not. Regression: every failing call failed
+// the group, so e.g. a bad ncclCommCount inside a group dropped its
+// collectives (NcclApi.OnlyEnqueueAndLifecycleCallsFailAGroup).
+bool fails_group(std::string_view api) {
+  static constexpr std::string_view kFailing[] = {
+      "ncclAllReduce", "ncclReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclAlltoAll",
+      "ncclGather", "ncclScatter", "ncclSend", "ncclRecv", "ncclCommInitRank", "ncclCommInitRankConfig",
+      "ncclCommInitRankScalable", "ncclCommInitAll", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
+      "ncclCommDestroy", "ncclCommAbort", "ncclCommWindowRegister"};
+  return std::find(std::begin(kFailing), std::end(kFailing), api) != std::end(kFailing);
+}
+}  // namespace
+
 ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept {
   CallScope in_call(comm);  // until the error is recorded on it
   Status s;
@@ -98,7 +117,7 @@ ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()
     Status named = s.with_context(api);
     record_error(comm, named);
     if (log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, named.to_string());
-    if (in_group()) group_fail(named);
+    if (in_group() && fails_group(api)) group_fail(named);
   } catch (...) {
     // Recording is best effort; the code below still tells the caller.
   }

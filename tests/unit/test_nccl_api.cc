@@ -150,6 +150,28 @@ TEST(NcclApi, SimulateEndAlwaysEndsTheGroup) {
   EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidUsage) << "outside a group";
 }
 
+// Inside a group, only the calls NCCL checks with ncclGroupErrCheck
+// (collectives, p2p, init/split/shrink, finalize/destroy/abort, window
+// registration) fail the group; a failed query or operator call does not.
+TEST(NcclApi, OnlyEnqueueAndLifecycleCallsFailAGroup) {
+  Comms w;
+  int v[kN];
+  for (int r = 0; r < kN; ++r) v[r] = r + 1;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclInt32, ncclSum, w.c[r], nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommCount(w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclRedOpDestroy(ncclSum, w.c[0]), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommDeregister(w.c[0], reinterpret_cast<void*>(0x1234)), ncclInvalidUsage);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int x : v) EXPECT_EQ(x, 10);
+  // A failed collective does fail it.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclInt32, ncclSum, w.c[r], nullptr), ncclSuccess);
+  EXPECT_EQ(ncclBroadcast(&v[0], &v[0], 1, ncclInt32, kN, w.c[0], nullptr), ncclInvalidArgument);  // root out of range
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  for (int x : v) EXPECT_EQ(x, 10) << "a failed group ran";
+}
+
 TEST(NcclApi, NestedGroupsRunAtTheOutermostEnd) {
   Comms w;
   int v[kN] = {1, 2, 3, 4};
