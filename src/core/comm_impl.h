@@ -126,6 +126,9 @@ class CommImpl final : public diag::DiagClient {
   Result<double> predict_us(Collective coll, size_t bytes) const;
   // Runs the oldest queued op, if any; the caller holds the EngineGate.
   bool run_next_queued();
+  // The lock whose holder runs the ops (tests: stand in for a thread in
+  // Work::wait that runs them).
+  GateLock& gate_lock_for_test() { return gate_->mu; }
   // Ops a waiting caller ran at issue, without the queue (tests).
   uint64_t inline_ops() const { return inline_ops_.load(std::memory_order_relaxed); }
   // Times an issuer found the queue full and waited (LOOM_MAX_QUEUED_OPS).
