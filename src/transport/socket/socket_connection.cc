@@ -206,6 +206,10 @@ size_t SocketConnection::recv_into(std::byte* dst, size_t msg_remaining) {
   rwin_copied_ = false;
   rwin_active_ = true;
   rwin_seq_ = post_window(rwin_, dst, rwin_base_, rwin_end_);
+  // Orders the window's release before poke_'s load of `sleeping` (a worker
+  // stores sleeping, then loads the window): without it both could read the
+  // old value and the worker slept through the window for its 100 ms poll.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   poke_();  // sleeping threads must acknowledge the window
   return recv_window_progress(dst);
 }
@@ -351,7 +355,16 @@ bool SocketConnection::pump_send(int s, short* want_poll) {
     set_error(fmt::format("sending to {} failed on stream {}: {}", label_, s, std::strerror(err)));
     return true;
   }
-  if (moved) store_max(out_head_, min_send_pos());
+  // The fence orders this thread's send_pos store before its loads of the
+  // other streams' (a Dekker pair with theirs): release/acquire alone let two
+  // threads that finished together each read the other's old position, so
+  // both published a stale minimum and out_head_ stayed below the window's
+  // end with every byte sent: the send hung until LOOM_TIMEOUT (2 streams,
+  // 4 KiB slices, 64 KiB messages: within ~2000 ops).
+  if (moved) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    store_max(out_head_, min_send_pos());
+  }
   return moved;
 }
 
@@ -425,7 +438,10 @@ bool SocketConnection::pump_recv(int s, short* want_poll) {
     set_error(fmt::format("receiving from {} failed on stream {}: {}", label_, s, std::strerror(err)));
     return true;
   }
-  if (moved) store_max(in_tail_, min_recv_pos());
+  if (moved) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // as in pump_send
+    store_max(in_tail_, min_recv_pos());
+  }
   return moved;
 }
 
