@@ -291,9 +291,10 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       }
     progress_.waiting_peer.store(waiting->step->peer, std::memory_order_relaxed);
     publish_progress();  // diag
-    auto describe_wait = [&]() {
+    auto describe_wait = [&](const Active* on = nullptr) {
+      const Active& w = on ? *on : *waiting;
       return fmt::format("{}: phase {}/{} waiting on '{}' ({} of {} bytes done)", what, phase_index + 1, nphases,
-                         describe(*waiting->step), waiting->done, waiting->total);
+                         describe(*w.step), w.done, w.total);
     };
     if (abort_ && abort_->load(std::memory_order_relaxed)) return aborted_error(describe_wait() + "; communicator aborted");
     auto now = Clock::now();
@@ -302,8 +303,14 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       last_peer_check = now;
       for (const Active& a : active_) {
         if (a.done == a.total) continue;
+        // The step whose peer failed, not the phase's first unfinished one.
+        // Regression: a phase waiting on 'recv from 1' and 'send to 2' said
+        // "waiting on 'recv ... from rank 1': rank 2 failed" when rank 2 did.
         Status st = transport_->check_peer(a.step->peer);
-        if (!st.is_ok()) return Status(st.code(), describe_wait() + ": " + st.message());
+        if (!st.is_ok()) {
+          progress_.waiting_peer.store(a.step->peer, std::memory_order_relaxed);
+          return Status(st.code(), describe_wait(&a) + ": " + st.message());
+        }
       }
     }
     if (now >= deadline) return timeout_error(describe_wait() + "; deadline (LOOM_TIMEOUT) passed");

@@ -111,6 +111,31 @@ TEST_F(Errors, AbortUnblocksWaiter) {
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
 }
 
+// A phase waits on two peers (a send/recv group: recv from rank 1, send to
+// rank 2) and rank 2 fails: the error names the step with rank 2, not the
+// phase's first unfinished one. Regression: "waiting on 'recv ... from rank
+// 1' ...: rank 2 failed".
+TEST(Errors3, APeerFailureNamesTheStepWithThatPeer) {
+  auto c = Comm::init_all(3);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto& comms = *c;
+  const size_t n = size_t{4} << 20;  // more than the FIFO: the send cannot finish without rank 2
+  std::vector<uint8_t> in(n), out(n, 7);
+  comms[0]->group_start();
+  (void)comms[0]->recv(in.data(), n, DataType::kUint8, 1);  // rank 1 never sends
+  (void)comms[0]->send(out.data(), n, DataType::kUint8, 2);
+  auto w = comms[0]->group_end();
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  comms[2]->abort("rank 2 gives up");
+  Status st = w->wait();
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("rank 2 failed"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("to rank 2"), std::string::npos) << st.to_string();
+  EXPECT_EQ(st.message().find("from rank 1"), std::string::npos) << st.to_string();
+  comms[1]->abort("test over");
+}
+
 TEST(InitErrors, RankOutOfRange) {
   UniqueId id;
   EXPECT_EQ(Comm::init_rank(id, 2, 2).status().code(), StatusCode::kInvalidArgument);
