@@ -207,11 +207,13 @@ extern "C" ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle)
 extern "C" ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                                 ncclWindow_t* win, int winFlags) {
   return guard("ncclCommWindowRegister", comm, [&]() -> Status {
+    // As NCCL (dev_runtime.cc): *win is NULL unless registration succeeds,
+    // and flags this library does not act on are accepted (a newer header's
+    // flags, e.g. strict ordering, must not fail the call).
+    if (win != nullptr) *win = nullptr;
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     if (win == nullptr) return invalid_argument("win is NULL");
     if (buff == nullptr || size == 0) return invalid_argument("window buffer is NULL or empty");
-    if (winFlags != NCCL_WIN_DEFAULT && winFlags != NCCL_WIN_COLL_SYMMETRIC)
-      return invalid_argument("unknown winFlags " + std::to_string(winFlags));
     if ((winFlags & NCCL_WIN_COLL_SYMMETRIC) &&
         reinterpret_cast<uintptr_t>(buff) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
       return invalid_argument("symmetric window buffer must be aligned to " +
@@ -225,6 +227,8 @@ extern "C" ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, siz
 extern "C" ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   return guard("ncclCommWindowDeregister", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    // NULL (a window that was never registered): nothing to do, as NCCL.
+    if (win == nullptr) return Status::ok();
     return remove_registration(c, win, true);
   });
 }

@@ -406,4 +406,21 @@ TEST(NcclApi, PreMulSumOperatorsBelongToTheirCommunicator) {
   EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, op_a, a.c[0], nullptr), ncclInvalidArgument) << "used after destroy";
 }
 
+// Window registration as NCCL's dev_runtime.cc: deregistering NULL (a
+// window never registered) succeeds, a failed registration leaves *win
+// NULL, and flags Loom does not act on are accepted. Regression: NULL was
+// ncclInvalidArgument (cleanup code checking the result threw), *win kept
+// its old value, and any flag but 0/1 was refused.
+TEST(NcclApi, WindowRegistrationEdgesAsNccl) {
+  Comms w;
+  EXPECT_EQ(ncclCommWindowDeregister(w.c[0], nullptr), ncclSuccess);
+  ncclWindow_t win = reinterpret_cast<ncclWindow_t>(0x1);
+  EXPECT_EQ(ncclCommWindowRegister(w.c[0], nullptr, 0, &win, NCCL_WIN_DEFAULT), ncclInvalidArgument);
+  EXPECT_EQ(win, nullptr);
+  std::vector<char> buf(4096);
+  EXPECT_EQ(ncclCommWindowRegister(w.c[0], buf.data(), buf.size(), &win, 0x100), ncclSuccess);
+  ASSERT_NE(win, nullptr);
+  EXPECT_EQ(ncclCommWindowDeregister(w.c[0], win), ncclSuccess);
+}
+
 }  // namespace
