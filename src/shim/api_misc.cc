@@ -101,9 +101,21 @@ extern "C" ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* as
   });
 }
 
+namespace {
+// A comm the queries may answer for, as NCCL's (ncclCommEnsureReady): not
+// while a non-blocking creation runs, nor once it failed (its error).
+Result<ncclComm*> queryable_comm(ncclComm* comm) {
+  LOOM_RETURN_IF_ERROR(creation_finished(comm));
+  LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!c->async_error.is_ok()) return c->async_error;
+  return c;
+}
+}  // namespace
+
 extern "C" ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
   return guard("ncclCommCount", comm, [&]() -> Status {
-    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, queryable_comm(comm));
     if (count == nullptr) return invalid_argument("count is NULL");
     *count = c->nranks;
     return Status::ok();
@@ -112,7 +124,7 @@ extern "C" ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
 
 extern "C" ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
   return guard("ncclCommCuDevice", comm, [&]() -> Status {
-    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, queryable_comm(comm));
     if (device == nullptr) return invalid_argument("device is NULL");
     *device = c->cuda_dev;  // host communicators report device 0 (or InitAll's devlist)
     return Status::ok();
@@ -121,7 +133,7 @@ extern "C" ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
 
 extern "C" ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
   return guard("ncclCommUserRank", comm, [&]() -> Status {
-    LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
+    LOOM_ASSIGN_OR_RETURN(ncclComm * c, queryable_comm(comm));
     if (rank == nullptr) return invalid_argument("rank is NULL");
     *rank = c->rank;
     return Status::ok();

@@ -54,7 +54,17 @@ Result<ncclComm*> live_comm(ncclComm* comm) {
   return comm;
 }
 
+Status creation_finished(ncclComm* comm) {
+  LOOM_RETURN_IF_ERROR(check_handle(comm));
+  if (comm->ready.valid() && comm->ready.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return invalid_argument(
+        "communicator is still initializing (non-blocking): poll ncclCommGetAsyncError until it returns "
+        "ncclSuccess before using it");
+  return Status::ok();
+}
+
 Result<ncclComm*> ready_comm(ncclComm* comm) {
+  LOOM_RETURN_IF_ERROR(creation_finished(comm));
   LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->revoked) return invalid_usage("communicator was revoked (ncclCommRevoke)");

@@ -182,8 +182,14 @@ std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::s
 std::optional<bool> blocking_from_env();
 
 // ---- comm_state.cc -------------------------------------------------------
-// Validates a handle and waits until its creation finished; fails with the
-// creation error, or kInvalidUsage after revoke.
+// As NCCL's ncclCommEnsureReady: ncclInvalidArgument at once while a
+// non-blocking creation still runs (instead of waiting for it here, up to
+// LOOM_TIMEOUT). Regression: queries and collectives on such a comm
+// blocked (NcclApi.ACommStillInitializingIsRefusedAtOnce).
+Status creation_finished(ncclComm* comm);
+// Validates a handle whose creation finished (creation_finished); fails
+// with the creation error or the comm's async error, or kInvalidUsage
+// after revoke or finalize.
 Result<ncclComm*> ready_comm(ncclComm* comm);
 // Like ready_comm but accepts a revoked communicator (for teardown).
 Result<ncclComm*> live_comm(ncclComm* comm);

@@ -423,4 +423,37 @@ TEST(NcclApi, WindowRegistrationEdgesAsNccl) {
   EXPECT_EQ(ncclCommWindowDeregister(w.c[0], win), ncclSuccess);
 }
 
+// A non-blocking communicator still initialising (its peer has not called
+// init yet) is refused at once, as NCCL's ncclCommEnsureReady: queries and
+// collectives return ncclInvalidArgument instead of waiting here for the
+// creation (up to LOOM_TIMEOUT). Once it is ready they work.
+TEST(NcclApi, ACommStillInitializingIsRefusedAtOnce) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t c[2] = {};
+  ASSERT_EQ(ncclCommInitRankConfig(&c[0], 2, id, 0, &cfg), ncclInProgress);
+  const auto t0 = std::chrono::steady_clock::now();
+  int n = 0;
+  EXPECT_EQ(ncclCommCount(c[0], &n), ncclInvalidArgument);
+  float x = 1.0f;
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, c[0], nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c[0])).find("still initializing"), std::string::npos)
+      << ncclGetLastError(c[0]);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_EQ(ncclCommInitRankConfig(&c[1], 2, id, 1, &cfg), ncclInProgress);
+  for (auto k : c) ASSERT_EQ(wait_ready(k), ncclSuccess);
+  EXPECT_EQ(ncclCommCount(c[0], &n), ncclSuccess);
+  EXPECT_EQ(n, 2);
+  float v[2] = {1, 2};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ncclAllReduce(&v[r], &v[r], 1, ncclFloat, ncclSum, c[r], nullptr), ncclSuccess);
+  ncclResult_t end = ncclGroupEnd();
+  EXPECT_TRUE(end == ncclSuccess || end == ncclInProgress) << end;
+  for (auto k : c) EXPECT_EQ(wait_ready(k), ncclSuccess);
+  EXPECT_EQ(v[0], 3.0f);
+  for (auto k : c) EXPECT_EQ(ncclCommDestroy(k), ncclSuccess);
+}
+
 }  // namespace
