@@ -80,9 +80,15 @@ loom::Config to_loom(const ParsedConfig& p) {
 
 // Creates the handle and runs `make` now (blocking, outside a group) or in
 // the background (non-blocking config or inside a group).
+// `parent`: the communicator a split/shrink runs on (child_job).
 Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
               std::function<Result<std::unique_ptr<Comm>>()> make,
-              std::shared_ptr<std::atomic<bool>> cancel = nullptr) {
+              std::shared_ptr<std::atomic<bool>> cancel = nullptr, ncclComm* parent = nullptr) {
+  auto note_job = [parent](const std::shared_future<Status>& job) {
+    if (parent == nullptr) return;
+    std::lock_guard<std::mutex> lock(parent->mu);
+    parent->child_job = job;
+  };
   auto c = std::make_unique<ncclComm>();
   c->init_cancel = std::move(cancel);
   c->blocking = pc.blocking;
@@ -90,12 +96,14 @@ Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
   c->rank = rank;
   c->nranks = nranks;
   if (in_group()) {
-    group_add_creation(start_creation(c.get(), std::move(make)), pc.blocking);
+    auto job = start_creation(c.get(), std::move(make));
+    note_job(job);
+    group_add_creation(job, pc.blocking);
     *out = c.release();
     return Status::ok();
   }
   if (!pc.blocking) {
-    start_creation(c.get(), std::move(make));
+    note_job(start_creation(c.get(), std::move(make)));
     *out = c.release();
     return Status(StatusCode::kInProgress, "communicator initializing");
   }
@@ -166,14 +174,19 @@ Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
   if (color == NCCL_SPLIT_NOCOLOR) {
     // This rank still takes part in the collective split but gets no comm.
     if (in_group()) {
-      group_add_creation(start_creation(nullptr, make), true);
+      auto job = start_creation(nullptr, make);
+      {
+        std::lock_guard<std::mutex> lock(p->mu);
+        p->child_job = job;
+      }
+      group_add_creation(job, true);
       return Status::ok();
     }
     LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Comm> none, make());
     (void)none;
     return Status::ok();
   }
-  return create(newcomm, pc, -1, -1, make);
+  return create(newcomm, pc, -1, -1, make, nullptr, p);
 }
 
 }  // namespace
@@ -277,7 +290,7 @@ extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
     (void)drain(c);
     loom::Config lc = to_loom(pc);
     auto make = [c, excluded, abort_first, lc] { return c->comm->shrink(excluded, abort_first, lc); };
-    return create(newcomm, pc, -1, -1, make);
+    return create(newcomm, pc, -1, -1, make, nullptr, c);
   });
 }
 
@@ -299,6 +312,10 @@ extern "C" ncclResult_t pncclCommDestroy(ncclComm_t comm) {
   return guard("ncclCommDestroy", nullptr, [&]() -> Status {
     if (comm == nullptr) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_handle(comm));
+    // As NCCL (ncclCommEnsureReady): not while a split of it still runs.
+    if (child_job_running(comm))
+      return invalid_argument("a non-blocking split or shrink of this communicator is still running: poll "
+                              "ncclCommGetAsyncError on it until ncclSuccess, then destroy it");
     std::unique_ptr<ncclComm> owned(comm);
     if (owned->ready.valid()) (void)owned->ready.get();
     Status drained = drain(owned.get());
@@ -328,6 +345,10 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     if (owned->ready.valid()) (void)owned->ready.get();
     if (owned->comm != nullptr) owned->comm->abort("ncclCommAbort");
     (void)drain(owned.get());  // aborted work finishes at once
+    // A split/shrink of it running in the background uses it: the abort
+    // fails the split's exchange over this comm's bootstrap at once; wait for
+    // the job to end before freeing (regression: freed under it).
+    wait_child_job(owned.get());
     // A call of another thread may still be inside (the hung call a watchdog
     // aborts): woken by the abort, it leaves within moments; free nothing
     // before it has. Regression: it went on into the destroyed loom::Comm

@@ -94,6 +94,12 @@ extern "C" ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* as
         return Status::ok();
       }
     }
+    // A non-blocking split/shrink of this communicator still runs: the
+    // parent is in progress too, as in NCCL (the job is launched on it).
+    if (child_job_running(comm)) {
+      *asyncError = ncclInProgress;
+      return Status::ok();
+    }
     Status s = poll(comm);
     if (!s.is_ok() && s.code() != StatusCode::kInProgress) record_error(comm, s);
     *asyncError = to_nccl(s.code());

@@ -54,12 +54,36 @@ Result<ncclComm*> live_comm(ncclComm* comm) {
   return comm;
 }
 
+bool child_job_running(ncclComm* comm) {
+  std::shared_future<Status> job;
+  {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    job = comm->child_job;
+  }
+  return job.valid() && job.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+}
+
+void wait_child_job(ncclComm* comm) {
+  std::shared_future<Status> job;
+  {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    job = comm->child_job;
+  }
+  if (job.valid()) job.wait();
+}
+
 Status creation_finished(ncclComm* comm) {
   LOOM_RETURN_IF_ERROR(check_handle(comm));
   if (comm->ready.valid() && comm->ready.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
     return invalid_argument(
         "communicator is still initializing (non-blocking): poll ncclCommGetAsyncError until it returns "
         "ncclSuccess before using it");
+  // Inside a group the split only starts at GroupEnd in NCCL, so the parent
+  // stays usable there.
+  if (!in_group() && child_job_running(comm))
+    return invalid_argument(
+        "a non-blocking split or shrink of this communicator is still running: poll ncclCommGetAsyncError on "
+        "it until it returns ncclSuccess before using it");
   return Status::ok();
 }
 

@@ -111,6 +111,11 @@ struct ncclComm {
   // Set by ncclCommAbort: an init still waiting for its peers fails at once
   // (loom::Config::cancel). Null for split/shrink/InitAll.
   std::shared_ptr<std::atomic<bool>> init_cancel;
+  // A split or shrink of this communicator running in the background (a
+  // non-blocking child, or one created in a group); guarded by mu. While it
+  // runs, the parent is in progress (ncclCommGetAsyncError) and refuses
+  // other use, and Destroy/Abort wait for it: it uses the parent.
+  std::shared_future<loom::Status> child_job;
 
   // Operations recorded while a group is open on this thread.
   std::vector<loom::shim::PendingOp> group_ops;
@@ -187,6 +192,10 @@ std::optional<bool> blocking_from_env();
 // LOOM_TIMEOUT). Regression: queries and collectives on such a comm
 // blocked (NcclApi.ACommStillInitializingIsRefusedAtOnce).
 Status creation_finished(ncclComm* comm);
+// A background split/shrink of `comm` is still running (child_job).
+bool child_job_running(ncclComm* comm);
+// Waits for it, if any (teardown of the parent).
+void wait_child_job(ncclComm* comm);
 // Validates a handle whose creation finished (creation_finished); fails
 // with the creation error or the comm's async error, or kInvalidUsage
 // after revoke or finalize.

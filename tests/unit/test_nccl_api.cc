@@ -456,4 +456,58 @@ TEST(NcclApi, ACommStillInitializingIsRefusedAtOnce) {
   for (auto k : c) EXPECT_EQ(ncclCommDestroy(k), ncclSuccess);
 }
 
+// A non-blocking split runs on its parent: until it ends the parent is in
+// progress (ncclCommGetAsyncError), refuses other use and a second split
+// with ncclInvalidArgument, and cannot be destroyed; ncclCommAbort of it
+// waits for the split to end. PyTorch's new_group over non-blocking comms
+// splits, polls the parent, then splits again. Regression: the parent read
+// ncclSuccess at once and accepted a second split, which ran concurrently
+// with the first over the same bootstrap (both children failed at the
+// timeout), and Abort freed the parent under the running split.
+TEST(NcclApi, ANonBlockingSplitKeepsItsParentInProgress) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t p[2] = {};
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ncclCommInitRankConfig(&p[r], 2, id, r, &cfg), ncclInProgress);
+  for (auto c : p) ASSERT_EQ(wait_ready(c), ncclSuccess);
+  for (int round = 0; round < 2; ++round) {
+    ncclComm_t child[2] = {};
+    ASSERT_EQ(ncclCommSplit(p[0], 0, 0, &child[0], nullptr), ncclInProgress);
+    ncclResult_t state = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(p[0], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress) << "the parent of a running split";
+    int n = 0;
+    EXPECT_EQ(ncclCommCount(p[0], &n), ncclInvalidArgument);
+    ncclComm_t again = nullptr;
+    EXPECT_EQ(ncclCommSplit(p[0], 0, 0, &again, nullptr), ncclInvalidArgument) << "a second split at once";
+    EXPECT_EQ(ncclCommDestroy(p[0]), ncclInvalidArgument) << "destroying the parent of a running split";
+    ASSERT_EQ(ncclCommSplit(p[1], 0, 1, &child[1], nullptr), ncclInProgress);
+    // NCCL's protocol: poll the parents, then the children.
+    for (auto c : p) ASSERT_EQ(wait_ready(c), ncclSuccess) << "round " << round;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(wait_ready(child[r]), ncclSuccess) << ncclGetLastError(child[r]);
+      int me = -1;
+      EXPECT_EQ(ncclCommUserRank(child[r], &me), ncclSuccess);
+      EXPECT_EQ(me, r);
+      EXPECT_EQ(ncclCommDestroy(child[r]), ncclSuccess);
+    }
+  }
+  // Abort of a parent whose split waits for the other rank: the abort ends
+  // the split's exchange and returns promptly; the child reports the error.
+  ncclComm_t lone = nullptr;
+  ASSERT_EQ(ncclCommSplit(p[0], 0, 0, &lone, nullptr), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ncclCommAbort(p[0]), ncclSuccess);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  ncclResult_t child_state = ncclInProgress;
+  EXPECT_EQ(ncclCommGetAsyncError(lone, &child_state), ncclSuccess);
+  EXPECT_NE(child_state, ncclSuccess);
+  EXPECT_NE(child_state, ncclInProgress);
+  EXPECT_EQ(ncclCommAbort(lone), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(p[1]), ncclSuccess);
+}
+
 }  // namespace
