@@ -217,8 +217,10 @@ extern "C" ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nrank
                                                   int nId, ncclUniqueId* commIds,
                                                   ncclConfig_t* config) {
   return guard("ncclCommInitRankScalable", nullptr, [&]() -> Status {
-    if (nId < 1 || commIds == nullptr)
-      return invalid_argument("need at least one unique id (nId=" + std::to_string(nId) + ")");
+    // NCCL (init.cc, ncclCommInitRankDev): nId must be in 1..nranks.
+    if (nId < 1 || nId > nranks || commIds == nullptr)
+      return invalid_argument("need 1 to nranks unique ids (nId=" + std::to_string(nId) +
+                              ", nranks=" + std::to_string(nranks) + ")");
     // Loom's rendezvous is a single root; the extra ids (for spreading NCCL's
     // bootstrap) are accepted and unused.
     return init_rank_config(newcomm, nranks, commIds[0], myrank, config);

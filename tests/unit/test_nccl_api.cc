@@ -510,4 +510,17 @@ TEST(NcclApi, ANonBlockingSplitKeepsItsParentInProgress) {
   EXPECT_EQ(ncclCommAbort(p[1]), ncclSuccess);
 }
 
+// ncclCommInitRankScalable takes 1 to nranks ids (NCCL's
+// ncclCommInitRankDev); more ids than ranks was accepted.
+TEST(NcclApi, ScalableInitTakesOneToNranksIds) {
+  ncclUniqueId ids[3];
+  for (auto& id : ids) ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c = nullptr;
+  EXPECT_EQ(ncclCommInitRankScalable(&c, 2, 0, 3, ids, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRankScalable(&c, 2, 0, 0, ids, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRankScalable(&c, 1, 0, 1, ids, nullptr), ncclSuccess);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 }  // namespace
