@@ -172,5 +172,28 @@ TEST(SocketDirect, TwoStreamsFinishingAWindowTogetherLeaveNoSendHanging) {
   run_case(16 << 10, true, 2, std::vector<size_t>(20000, size_t{64} << 10), /*spot_check=*/true);
 }
 
+// A slice setting above the 64 MiB a peer accepts in its hello is clamped
+// (with a warning) instead of making every rank drop its peers' streams.
+// Regression: LOOM_SOCKET_SLICE_BYTES=128M on all ranks failed setup at the
+// deadline with "these ranks did not open their sockets".
+TEST(SocketSetup, AHugeSliceSettingIsClamped) {
+  auto id = testing::unique_id();
+  ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+  auto res = testing::run_processes(2, [&](int r, int fd) {
+    auto uid = decode_uid(*id);
+    if (!uid.is_ok()) return report(fd, uid.status().to_string(), 2);
+    auto boot = Bootstrap::connect(*uid, 2, r, deadline_after(30));
+    if (!boot.is_ok()) return report(fd, boot.status().to_string(), 3);
+    SocketTransport::Options opt = SocketTransport::Options::from_env();
+    opt.nsocks = 2;
+    opt.slice_bytes = size_t{128} << 20;
+    auto t = SocketTransport::create(**boot, {true, true}, opt, deadline_after(10));
+    if (!t.is_ok()) return report(fd, t.status().to_string(), 4);
+    return 0;
+  }, 60);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(WIFEXITED(res[r].status) && WEXITSTATUS(res[r].status) == 0) << "rank " << r << ": " << res[r].output;
+}
+
 }  // namespace
 }  // namespace loom

@@ -110,6 +110,10 @@ struct SocketTransport::Worker {
   }
 };
 
+namespace {
+constexpr size_t kMaxSliceBytes = size_t{64} << 20;  // per stream slice; checked in each peer's hello
+}  // namespace
+
 SocketTransport::Options SocketTransport::Options::from_env() {
   Options o;
   o.nsocks = std::clamp(params::socket_nsocks(), 1, kMaxStreams - 1);
@@ -129,7 +133,14 @@ Result<std::unique_ptr<SocketTransport>> SocketTransport::create(Bootstrap& boot
   t->opt_ = opt;
   t->opt_.nsocks = std::clamp(opt.nsocks, 1, kMaxStreams - 1);
   t->opt_.nthreads = std::max(1, opt.nthreads);
-  t->opt_.slice_bytes = std::max<size_t>(4096, (opt.slice_bytes + 7) & ~size_t{7});
+  // At most kMaxSliceBytes: a peer drops connections announcing more (the
+  // hello check below). Regression: LOOM_SOCKET_SLICE_BYTES=128M on every
+  // rank made each rank drop its peers' streams and fail at the deadline
+  // with "did not open their sockets" (SocketSetup.AHugeSliceSettingIsClamped).
+  t->opt_.slice_bytes = std::clamp<size_t>((opt.slice_bytes + 7) & ~size_t{7}, 4096, kMaxSliceBytes);
+  if (opt.slice_bytes > kMaxSliceBytes)
+    LOOM_WARN(kLogNet, "LOOM_SOCKET_SLICE_BYTES {} is above the {} MiB limit: using {} MiB", opt.slice_bytes,
+              kMaxSliceBytes >> 20, kMaxSliceBytes >> 20);
   // The lagging stream must always find room: at least two slices per stream.
   t->opt_.ring_bytes = std::max(opt.ring_bytes, 2 * t->opt_.nsocks * t->opt_.slice_bytes);
   t->peers_.resize(t->nranks_);
@@ -239,7 +250,7 @@ Status SocketTransport::setup(Bootstrap& boot, const std::vector<bool>& use, Dea
         } else if (it == expect.end()) {
           drop = fmt::format("unexpected rank {}", h.rank);
         } else if (h.nsocks < 1 || h.nsocks >= kMaxStreams || h.stream > h.nsocks || h.slice_bytes < 8 ||
-                   h.slice_bytes % 8 || h.slice_bytes > (64u << 20) ||
+                   h.slice_bytes % 8 || h.slice_bytes > kMaxSliceBytes ||
                    (it->second.nsocks >= 0 && (it->second.nsocks != h.nsocks || it->second.slice != h.slice_bytes))) {
           drop = "inconsistent stream parameters";
         } else {
