@@ -95,6 +95,24 @@ Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
   RankSchedule s;
   s.algorithm = "p2p";
   Phase p;
+  // Local steps run before the phase's communication, in this order: the
+  // staging copies of every staged send (its source is also a receive's
+  // destination, CommImpl::mark_aliased_sends), then the copies of the
+  // sends to self. Regression: both were inserted at the front one by one,
+  // so the self copies ran first (in reverse order) and a staged send read
+  // data a receive from self had already overwritten.
+  std::vector<Step> staging, self_copies;
+  auto stage = [&](size_t i, size_t count) {
+    Step copy;
+    copy.kind = StepKind::kCopy;
+    copy.src = {kBufUser + static_cast<BufId>(i), 0};
+    copy.dst = {kBufScratch, s.scratch_count};
+    copy.count = count;
+    staging.push_back(copy);
+    const BufRef at = copy.dst;
+    s.scratch_count += count;
+    return at;
+  };
   // Sends to self pair, in order, with receives from self: a local copy.
   std::vector<size_t> self_sends, self_recvs;
   for (size_t i = 0; i < a.p2p.size(); ++i) {
@@ -108,15 +126,8 @@ Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
     st.peer = op.peer;
     st.count = op.count;
     if (op.is_send && op.stage) {
-      Step copy;
-      copy.kind = StepKind::kCopy;
-      copy.src = {kBufUser + static_cast<BufId>(i), 0};
-      copy.dst = {kBufScratch, s.scratch_count};
-      copy.count = op.count;
-      p.steps.insert(p.steps.begin(), copy);  // local steps run before the phase's communication
       st.kind = StepKind::kSend;
-      st.src = {kBufScratch, s.scratch_count};
-      s.scratch_count += op.count;
+      st.src = stage(i, op.count);
     } else if (op.is_send) {
       st.kind = StepKind::kSend;
       st.src = {kBufUser + static_cast<BufId>(i), 0};
@@ -138,12 +149,13 @@ Result<RankSchedule> direct_sendrecv(const CollArgs& a) {
     if (snd.count == 0) continue;
     Step st;
     st.kind = StepKind::kCopy;
-    st.src = {kBufUser + static_cast<BufId>(self_sends[k]), 0};
+    st.src = snd.stage ? stage(self_sends[k], snd.count) : BufRef{kBufUser + static_cast<BufId>(self_sends[k]), 0};
     st.dst = {kBufUser + static_cast<BufId>(self_recvs[k]), 0};
     st.count = snd.count;
-    // Local steps run before the phase's communication; keep them first.
-    p.steps.insert(p.steps.begin(), st);
+    self_copies.push_back(st);
   }
+  staging.insert(staging.end(), self_copies.begin(), self_copies.end());
+  p.steps.insert(p.steps.begin(), staging.begin(), staging.end());
   if (!p.steps.empty()) s.phases.push_back(std::move(p));
   return s;
 }

@@ -239,7 +239,9 @@ void CommImpl::mark_aliased_sends(SubOp& g) {
   const size_t es = dtype_size(g.args.dt);
   auto& ops = g.args.p2p;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (!ops[i].is_send || ops[i].peer == rank_ || ops[i].count == 0) continue;
+    // Sends to self too: their copies run one after another, so a later
+    // one's source may already have been overwritten by an earlier one.
+    if (!ops[i].is_send || ops[i].count == 0) continue;
     const std::byte* s = g.bufs[kBufUser + i];
     for (size_t j = 0; j < ops.size() && !ops[i].stage; ++j) {
       if (ops[j].is_send || ops[j].count == 0) continue;

@@ -292,6 +292,54 @@ TEST(ShmPaths, InPlaceSendRecvInAGroup) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// Sends to self are local copies, run before the group's transfers: they
+// must not clobber what another send of the group still has to read (a
+// staged send, or a later send to self), and each send delivers the data
+// its buffer held when the group was issued. Regression: the self copies
+// were put in front of the staging copies, in reverse order: rank 1 got B
+// instead of A, and Z got X instead of Y (found by a helper's review).
+TEST(ShmPaths, SendsToSelfDoNotClobberOtherSendsOfTheGroup) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok());
+  Comm& c0 = *(*comms)[0];
+  Comm& c1 = *(*comms)[1];
+  for (size_t count : {size_t{4}, size_t{1} << 18}) {
+    // Rank 0: send(A -> 1), send(B -> self), recv(A <- self); rank 1: recv(C <- 0).
+    std::vector<int32_t> a(count, 1), b(count, 9), c(count, 0);
+    std::string err1;
+    std::thread t1([&] {
+      auto w = c1.recv(c.data(), count, DataType::kInt32, 0);
+      Status st = w.is_ok() ? w->wait() : w.status();
+      if (!st.is_ok()) err1 = st.to_string();
+    });
+    c0.group_start();
+    (void)c0.send(a.data(), count, DataType::kInt32, 1);
+    (void)c0.send(b.data(), count, DataType::kInt32, 0);
+    (void)c0.recv(a.data(), count, DataType::kInt32, 0);
+    auto w = c0.group_end();
+    Status st = w.is_ok() ? w->wait() : w.status();
+    t1.join();
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_EQ(err1, "");
+    EXPECT_EQ(c[0], 1) << "rank 1 got the send-to-self's data, count " << count;
+    EXPECT_EQ(c[count - 1], 1);
+    EXPECT_EQ(a[0], 9);
+    // Rank 0 alone: send(Y -> self), recv(Z <- self), send(X -> self), recv(Y <- self).
+    std::vector<int32_t> x(count, 3), y(count, 2), z(count, 0);
+    c0.group_start();
+    (void)c0.send(y.data(), count, DataType::kInt32, 0);
+    (void)c0.recv(z.data(), count, DataType::kInt32, 0);
+    (void)c0.send(x.data(), count, DataType::kInt32, 0);
+    (void)c0.recv(y.data(), count, DataType::kInt32, 0);
+    w = c0.group_end();
+    st = w.is_ok() ? w->wait() : w.status();
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(z[0], 2) << "Z should get Y's data from before the group, count " << count;
+    EXPECT_EQ(z[count - 1], 2);
+    EXPECT_EQ(y[0], 3);
+  }
+}
+
 // NCCL lets one group's sends and receives have their own data types (only
 // the two ends of one message must agree). Rank 0 sends floats to rank 1 and
 // int64s to rank 2 and receives bf16-sized halves from rank 2 in one group;
