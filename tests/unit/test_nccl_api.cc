@@ -20,6 +20,13 @@ constexpr int kN = 4;
 
 using Comms = loom::testing::NcclComms<kN>;
 
+// A config asking for a non-blocking communicator.
+ncclConfig_t non_blocking() {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  return cfg;
+}
+
 ncclResult_t wait_ready(ncclComm_t comm) {
   ncclResult_t state = ncclInProgress;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -430,8 +437,7 @@ TEST(NcclApi, WindowRegistrationEdgesAsNccl) {
 TEST(NcclApi, ACommStillInitializingIsRefusedAtOnce) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = non_blocking();
   ncclComm_t c[2] = {};
   ASSERT_EQ(ncclCommInitRankConfig(&c[0], 2, id, 0, &cfg), ncclInProgress);
   const auto t0 = std::chrono::steady_clock::now();
@@ -467,8 +473,7 @@ TEST(NcclApi, ACommStillInitializingIsRefusedAtOnce) {
 TEST(NcclApi, ANonBlockingSplitKeepsItsParentInProgress) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = non_blocking();
   ncclComm_t p[2] = {};
   for (int r = 0; r < 2; ++r) ASSERT_EQ(ncclCommInitRankConfig(&p[r], 2, id, r, &cfg), ncclInProgress);
   for (auto c : p) ASSERT_EQ(wait_ready(c), ncclSuccess);
