@@ -97,6 +97,7 @@ class CommImpl final : public diag::DiagClient {
   int size() const { return nranks_; }
   const std::string& name() const { return name_; }
   Bootstrap& bootstrap() { return *boot_; }
+  Executor& executor_for_test() { return *exec_; }  // tests: run a schedule outside an op
   const Config& config() const { return config_; }
   double timeout_s() const { return timeout_s_; }
 

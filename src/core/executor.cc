@@ -77,7 +77,19 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
   } release{transport_};
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
-    LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, deadline, what, i, sched.phases.size()));
+    Status st = run_phase(sched.phases[i], bufs, dt, op, deadline, what, i, sched.phases.size());
+    if (!st.is_ok()) {
+      // The caller frees `bufs` once this returns, but a transfer may still
+      // be in them: a socket progress thread on a posted window, a peer
+      // reading by single copy. Announcing the failure fences both (the
+      // transports' contract) before we return. CommImpl::execute announced
+      // it right after anyway; calibration (LOOM_TUNE_CALIBRATE) and the
+      // hand-off probe, whose buffers are their own, did not. Regression: a
+      // failed calibration freed its buffers under the progress threads, and
+      // its peers never learned of the failure (Calibration.AFailedRunTellsThePeers).
+      transport_->announce_abort(st.to_string());
+      return st;
+    }
   }
   progress_.phase.store(-1, std::memory_order_relaxed);
   return Status::ok();

@@ -4,10 +4,12 @@
 // the values must be physically sane, and collectives must still be correct.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
 #include "common/test_util.h"
+#include "core/calibrate.h"
 #include "core/comm_impl.h"
 #include "core/config.h"
 
@@ -156,6 +158,35 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
   };
   run_cases(comms, cases);
 }
+
+// A calibration run fails (here: rank 1 never echoes, so rank 0's ping-pong
+// hits its deadline). Its buffers are calibrate_comm's own and go when it
+// returns, so the executor must have fenced the transport by then, and the
+// failure must reach the peers (their idle watchdog then fails them).
+// Regression: only CommImpl::execute announced failures; a failed
+// calibration returned with a socket window or a single-copy read still on
+// its buffers, and the peers never heard of it (helper review, session 31).
+void failed_calibration_is_announced(const char* transport) {
+  setenv("LOOM_TRANSPORT", transport, 1);
+  Config cfg;
+  cfg.timeout_s = 60;
+  auto comms = Comm::init_all(2, cfg);
+  unsetenv("LOOM_TRANSPORT");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  auto* impl0 = (*comms)[0]->impl();
+  auto cal = calibrate_comm(impl0->executor_for_test(), impl0->bootstrap(), 0, 2, deadline_after(1.0));
+  ASSERT_FALSE(cal.is_ok()) << "rank 1 never took part";
+  Status peer;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((peer = (*comms)[1]->async_error()).is_ok() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(peer.is_ok()) << transport << ": rank 1 never learned of rank 0's failed calibration";
+  EXPECT_NE(peer.message().find("rank 0"), std::string::npos) << peer.to_string();
+  for (auto& c : *comms) c->abort("test over");
+}
+
+TEST(Calibration, AFailedRunTellsThePeersShm) { failed_calibration_is_announced("shm"); }
+TEST(Calibration, AFailedRunTellsThePeersSocket) { failed_calibration_is_announced("socket"); }
 
 }  // namespace
 }  // namespace loom
