@@ -35,7 +35,7 @@ void usage(FILE* out) {
 void print(const loom::diag::Verdict& v, bool as_json) {
   if (as_json) {
     nlohmann::json j{{"class", v.cls}, {"ranks", v.ranks}, {"summary", v.summary}, {"evidence", v.evidence}};
-    printf("%s\n", j.dump(1).c_str());
+    printf("%s\n", j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     fputs(v.to_text().c_str(), stdout);
   }

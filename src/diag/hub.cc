@@ -29,6 +29,14 @@
 namespace loom::diag {
 namespace {
 
+// A state as text. Reasons, comm names and peers' messages may hold bytes
+// that are not UTF-8 (a request line, a cut multi-byte character): those are
+// replaced, never thrown about (nlohmann's dump throws type_error.316).
+// Regression: "dump \xff" sent to the diag server killed the rank.
+std::string json_text(const nlohmann::json& j) {
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::atomic<int> g_sigusr1{0};
 void on_sigusr1(int) { g_sigusr1.store(1, std::memory_order_relaxed); }
 
@@ -182,15 +190,22 @@ void Hub::Impl::handle(Fd conn) {
   std::string req = read_line(conn.get(), deadline_after(2.0));
   Hub& hub = Hub::get();
   std::string out;
-  if (req == "json") out = hub.state("live").dump(1) + "\n";
-  else if (req == "text" || req.empty()) out = hub.state_text();
-  else if (req == "gather") out = hub.gather(2.0).dump(1) + "\n";
-  else if (req.rfind("dump", 0) == 0) {
-    hub.dump(req.size() > 5 ? "requested: " + req.substr(5) : "requested by a peer", false);
-    out = "ok\n";
-  } else {
-    LOOM_WARN(kLogDiag, "diag server: unknown request '{}' dropped", req.substr(0, 64));
-    out = "unknown request (use: text, json, gather, dump)\n";
+  // This runs on a detached thread of the user's process: nothing a client
+  // sends may end it (an uncaught exception is std::terminate: the rank dies).
+  try {
+    if (req == "json") out = json_text(hub.state("live")) + "\n";
+    else if (req == "text" || req.empty()) out = hub.state_text();
+    else if (req == "gather") out = json_text(hub.gather(2.0)) + "\n";
+    else if (req.rfind("dump", 0) == 0) {
+      hub.dump(req.size() > 5 ? "requested: " + req.substr(5) : "requested by a peer", false);
+      out = "ok\n";
+    } else {
+      LOOM_WARN(kLogDiag, "diag server: unknown request '{}' dropped", req.substr(0, 64));
+      out = "unknown request (use: text, json, gather, dump)\n";
+    }
+  } catch (const std::exception& e) {
+    LOOM_WARN(kLogDiag, "diag server: request failed: {}", e.what());
+    out = std::string("error: ") + e.what() + "\n";
   }
   (void)send_all(conn.get(), out.data(), out.size(), deadline_after(5.0));
 }
@@ -237,12 +252,19 @@ void Hub::dump(const std::string& reason, bool announce) {
     // neither (regression: netns/test_netns_doctor read a corrupt dump).
     static std::atomic<uint64_t> writes{0};
     std::string tmp = fmt::format("{}.tmp.{}", name, writes.fetch_add(1, std::memory_order_relaxed));
+    bool written = false;
     {
       std::ofstream f(tmp);
-      f << j.dump(1) << "\n";
-      if (!f) LOOM_WARN(kLogDiag, "cannot write dump {}", tmp);
+      f << json_text(j) << "\n";
+      f.close();
+      written = static_cast<bool>(f);
     }
-    if (std::rename(tmp.c_str(), name.c_str()) == 0) {
+    // A dump that could not be written whole (disk full, quota) must not
+    // replace an earlier good one: the doctor would call it truncated.
+    if (!written) {
+      LOOM_WARN(kLogDiag, "cannot write dump {} ({}): the previous one, if any, is kept", tmp, std::strerror(errno));
+      std::remove(tmp.c_str());
+    } else if (std::rename(tmp.c_str(), name.c_str()) == 0) {
       LOOM_WARN(kLogDiag, "diagnostic dump ({}) written to {}", reason, name);
     } else {
       LOOM_WARN(kLogDiag, "cannot move dump {} to {}: {}", tmp, name, std::strerror(errno));

@@ -83,6 +83,40 @@ TEST(DiagDump, ConcurrentDumpsLeaveWholeFiles) {
 // ones behind it, and count the ops it had no slot for. Regression: op #4
 // took op #0's slot at issue, so the dump had no entry for the hung op and
 // showed #4, never started, as the failed one.
+// A request to the diag server whose text is not UTF-8 (here "dump" with
+// a reason of raw bytes) is answered and dumped with the bytes replaced.
+// Regression: nlohmann's dump threw type_error.316 on the handler thread:
+// std::terminate, the rank died (found by a helper's review).
+TEST(DiagDump, ARequestThatIsNotUtf8DoesNotKillTheRank) {
+  const std::string dir = "/tmp/loom-test-diag-utf8-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  setenv("LOOM_DUMP_DIR", dir.c_str(), 1);
+  auto comms = Comm::init_all(1);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  const std::string addr = diag::Hub::get().address();
+  ASSERT_FALSE(addr.empty()) << "no diag server";
+  auto answer = diag::query(addr, "dump \xff\xfe oops", 5.0);
+  ASSERT_TRUE(answer.is_ok()) << answer.status().to_string();
+  EXPECT_EQ(*answer, "ok\n");
+  auto json = diag::query(addr, "json", 5.0);  // the server (and the process) still answer
+  ASSERT_TRUE(json.is_ok()) << json.status().to_string();
+  int dumps = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream f(e.path());
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << e.path();
+    EXPECT_NE(j.value("reason", "").find("oops"), std::string::npos) << j.value("reason", "");
+    ++dumps;
+  }
+  EXPECT_EQ(dumps, 1);
+  unsetenv("LOOM_DUMP_DIR");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DiagDump, AHungOpKeepsItsEntryWithMoreOpsQueuedThanTheRingHolds) {
   const std::string dir = "/tmp/loom-test-diag-hung-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
