@@ -646,6 +646,15 @@ Snapshot load_dumps(const std::string& dir) {
         s.problems.push_back(name + ": no 'comms' array (ignored)");
         continue;
       }
+      // Fields of the wrong type (a hand-edited or foreign file) throw
+      // where the analysis reads them: try this file alone first, so it is
+      // named as corrupt and the others are still analysed. Regression: the
+      // doctor died with std::terminate on `"pid": "1000"`.
+      {
+        Snapshot alone;
+        alone.processes.push_back(j);
+        (void)analyze(alone);
+      }
       s.processes.push_back(std::move(j));
     } catch (const json::exception& e) {
       bool truncated = std::string(e.what()).find("unexpected end of input") != std::string::npos;

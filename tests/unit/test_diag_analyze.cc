@@ -293,6 +293,12 @@ TEST(Doctor, BadDumpsAreNamedAndTheRestIsAnalysed) {
   std::ofstream(dir + "/loom-rank9-h-999.json") << "{\"schema\": \"loom-diag\", \"version\": 1, ]";  // corrupt
   std::ofstream(dir + "/other.json") << "{\"hello\": 1}";
   std::ofstream(dir + "/empty.json") << "";
+  nlohmann::json typed = rank_state(1, false);
+  typed["pid"] = "1000";  // a string where a number belongs (regression: std::terminate)
+  std::ofstream(dir + "/loom-rank7-h-1000.json") << typed.dump(1);
+  nlohmann::json null_rank = rank_state(1, false);
+  null_rank["comms"][0]["rank"] = nullptr;
+  std::ofstream(dir + "/loom-rank8-h-1001.json") << null_rank.dump(1);
   Snapshot s = load_dumps(dir);
   std::string problems;
   for (const auto& p : s.problems) problems += p + "\n";
@@ -300,6 +306,8 @@ TEST(Doctor, BadDumpsAreNamedAndTheRestIsAnalysed) {
   EXPECT_NE(problems.find("loom-rank9-h-999.json: corrupt"), std::string::npos) << problems;
   EXPECT_NE(problems.find("other.json: not a loom-diag dump"), std::string::npos) << problems;
   EXPECT_NE(problems.find("empty.json: empty file"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("loom-rank7-h-1000.json: corrupt"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("loom-rank8-h-1001.json: corrupt"), std::string::npos) << problems;
   EXPECT_NE(problems.find("no dump from 'w' rank 1 (pid 101 on h)"), std::string::npos) << problems;
   Verdict v = analyze(s);
   EXPECT_EQ(v.cls, "HANG") << v.to_text();
