@@ -20,8 +20,16 @@ namespace loom {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// The longest wait a deadline stands for (~116 days): beyond it, or for
+// infinity or NaN, the conversion to the clock's 64-bit nanoseconds
+// overflowed (undefined; in practice a deadline in the past, so every wait
+// failed at once).
+constexpr double kMaxDeadlineS = 1e7;
+inline double clamp_deadline_s(double seconds) { return seconds < kMaxDeadlineS ? seconds : kMaxDeadlineS; }
+
 inline Deadline deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(clamp_deadline_s(seconds)));
 }
 
 // The same from the coarse monotonic clock (steady_clock's base at a few ms
@@ -31,7 +39,7 @@ inline Deadline coarse_deadline_after(double seconds) {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   const auto now = Deadline(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
-  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(clamp_deadline_s(seconds)));
 }
 
 // An IPv4 or IPv6 socket address.

@@ -7,6 +7,8 @@
 #include <string>
 #include <unistd.h>
 
+#include "bootstrap/socket.h"
+
 namespace loom {
 namespace {
 
@@ -14,7 +16,8 @@ std::vector<ParamInfo>& registry() {
   static std::vector<ParamInfo> r = {
       {"LOOM_TIMEOUT", "double", "300",
        "Deadline in seconds for every wait of an operation (connect, send, receive); "
-       "on expiry the operation fails naming the peer and step, and the communicator is marked failed."},
+       "on expiry the operation fails naming the peer and step, and the communicator is marked failed. "
+       "0, a negative value or inf: no deadline (at most 1e7 s)."},
       {"LOOM_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO, TRACE (NCCL_DEBUG is honoured by the shim)."},
       {"LOOM_DEBUG_SUBSYS", "string", "ALL",
        "Comma list of subsystems to log: INIT, COLL, P2P, SHM, NET, BOOT, ENV, TOPO, TUNE, DIAG, ALL; ^ prefix excludes."},
@@ -210,7 +213,14 @@ uint64_t env_bytes(const char* name, uint64_t def) {
 }
 
 namespace params {
-double timeout_s() { return env_double("LOOM_TIMEOUT", 300.0); }
+// 0, a negative value or inf: no deadline (the longest one a clock can hold,
+// ~116 days). Regression: LOOM_TIMEOUT=0 (a natural "no timeout"), -1, inf
+// or 1e10 made every init fail within 0.1 s with "deadline passed", naming
+// nothing about the variable (the huge ones overflowed the clock).
+double timeout_s() {
+  const double t = env_double("LOOM_TIMEOUT", 300.0);
+  return (t > 0 && t < kMaxDeadlineS) ? t : kMaxDeadlineS;
+}
 uint64_t shm_fifo_bytes() { return env_bytes("LOOM_SHM_FIFO_BYTES", 2ull << 20); }
 namespace {
 constexpr uint64_t kSingleCopyBytes = 256ull << 10;
