@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -132,9 +133,15 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  // Hang-up (a closed terminal or ssh session) and quit end the ranks like
+  // interrupt and terminate do. Regression: they killed loomrun alone and
+  // left the ranks (in process groups of their own) running as orphans.
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
+  signal(SIGHUP, on_signal);
+  signal(SIGQUIT, on_signal);
   signal(SIGPIPE, SIG_IGN);
+  const pid_t launcher = getpid();
 
   const int port = free_port();
   unsigned long long secret = 0;
@@ -152,14 +159,25 @@ int main(int argc, char** argv) {
       if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
 
   std::vector<Rank> ranks(n);
+  // A failure part-way through starting the ranks ends those already started.
+  auto give_up = [&](const char* what, int started) {
+    perror(what);
+    for (int k = 0; k < started; ++k) kill(-ranks[k].pid, SIGKILL);
+    for (int k = 0; k < started; ++k) waitpid(ranks[k].pid, nullptr, 0);
+    return 2;
+  };
   for (int r = 0; r < n; ++r) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) { perror("loomrun: pipe"); return 2; }
+    if (pipe2(fds, O_CLOEXEC) != 0) return give_up("loomrun: pipe", r);
     pid_t pid = fork();
-    if (pid < 0) { perror("loomrun: fork"); return 2; }
+    if (pid < 0) return give_up("loomrun: fork", r);
     if (pid == 0) {
       // Own process group: ending a rank ends whatever it started too.
       setpgid(0, 0);
+      // If loomrun itself dies (SIGKILL, a crash), the rank goes with it
+      // instead of waiting for its peers until LOOM_TIMEOUT as an orphan.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);  // loomrun died before the line above
       if (bind && !cpus.empty()) {
         cpu_set_t one;
         CPU_ZERO(&one);

@@ -2,6 +2,7 @@
 // the environment bootstrap under the variable names of torchrun, Open MPI and
 // Slurm.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bootstrap/socket.h"
 #include "common/test_util.h"
@@ -50,6 +52,40 @@ TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   EXPECT_NE(out.find("exited with code 3"), std::string::npos) << out;
   EXPECT_NE(out.find("0 terminated by loomrun"), std::string::npos) << out;
 }
+
+// loomrun ended by a hang-up (a closed terminal or ssh session) or killed
+// outright takes its ranks with it. Regression: only INT and TERM were
+// handled and the ranks, in process groups of their own, kept running as
+// orphans (waiting for peers until LOOM_TIMEOUT in a real job).
+void ranks_end_with_loomrun(const char* signal_name) {
+  const std::string pids = "/tmp/loom-test-orphans-" + std::to_string(getpid()) + "-" + signal_name;
+  std::remove(pids.c_str());
+  auto [rc, out] = run("(" + build_dir() + "/bin/loomrun -n 2 sh -c 'echo $$ >> " + pids +
+                       "; sleep 30' & LR=$!; for i in $(seq 100); do [ $(cat " + pids +
+                       " 2>/dev/null | wc -l) -ge 2 ] && break; sleep 0.05; done; kill -" + signal_name +
+                       " $LR; wait $LR; exit 0)");
+  FILE* f = fopen(pids.c_str(), "r");
+  ASSERT_NE(f, nullptr) << out;
+  int pid = 0, seen = 0, alive = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::vector<int> all;
+  while (fscanf(f, "%d", &pid) == 1) all.push_back(pid);
+  fclose(f);
+  for (int p : all) {
+    ++seen;
+    while (kill(p, 0) == 0 && std::chrono::steady_clock::now() < until) usleep(20 * 1000);
+    if (kill(p, 0) == 0) {
+      ++alive;
+      kill(p, SIGKILL);
+    }
+  }
+  std::remove(pids.c_str());
+  EXPECT_EQ(seen, 2) << out;
+  EXPECT_EQ(alive, 0) << signal_name << ": ranks outlived loomrun\n" << out;
+}
+
+TEST(Loomrun, HangUpEndsTheRanks) { ranks_end_with_loomrun("HUP"); }
+TEST(Loomrun, KillingLoomrunEndsTheRanks) { ranks_end_with_loomrun("KILL"); }
 
 TEST(Loomrun, KilledRankIsReportedWithItsSignal) {
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 2 --grace 1 sh -c 'if [ $LOOM_RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
