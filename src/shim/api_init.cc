@@ -78,17 +78,19 @@ loom::Config to_loom(const ParsedConfig& p) {
   return c;
 }
 
+// A split/shrink of `parent` now runs in the background (child_job).
+void note_child_job(ncclComm* parent, const std::shared_future<Status>& job) {
+  if (parent == nullptr) return;
+  std::lock_guard<std::mutex> lock(parent->mu);
+  parent->child_job = job;
+}
+
 // Creates the handle and runs `make` now (blocking, outside a group) or in
 // the background (non-blocking config or inside a group).
 // `parent`: the communicator a split/shrink runs on (child_job).
 Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
               std::function<Result<std::unique_ptr<Comm>>()> make,
               std::shared_ptr<std::atomic<bool>> cancel = nullptr, ncclComm* parent = nullptr) {
-  auto note_job = [parent](const std::shared_future<Status>& job) {
-    if (parent == nullptr) return;
-    std::lock_guard<std::mutex> lock(parent->mu);
-    parent->child_job = job;
-  };
   auto c = std::make_unique<ncclComm>();
   c->init_cancel = std::move(cancel);
   c->blocking = pc.blocking;
@@ -97,13 +99,13 @@ Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
   c->nranks = nranks;
   if (in_group()) {
     auto job = start_creation(c.get(), std::move(make));
-    note_job(job);
+    note_child_job(parent, job);
     group_add_creation(job, pc.blocking);
     *out = c.release();
     return Status::ok();
   }
   if (!pc.blocking) {
-    note_job(start_creation(c.get(), std::move(make)));
+    note_child_job(parent, start_creation(c.get(), std::move(make)));
     *out = c.release();
     return Status(StatusCode::kInProgress, "communicator initializing");
   }
@@ -175,10 +177,7 @@ Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
     // This rank still takes part in the collective split but gets no comm.
     if (in_group()) {
       auto job = start_creation(nullptr, make);
-      {
-        std::lock_guard<std::mutex> lock(p->mu);
-        p->child_job = job;
-      }
+      note_child_job(p, job);
       group_add_creation(job, true);
       return Status::ok();
     }
