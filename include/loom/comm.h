@@ -54,7 +54,10 @@ struct Config {
 };
 
 // Creates a unique id and, in this process, the rendezvous root that the
-// ranks connect to. Call on one rank and hand the bytes to every rank.
+// ranks connect to. Call on one rank and hand the bytes to every rank. The
+// root listens on LOOM_SOCKET_IFNAME, else on the interface NCCL would pick
+// (ib*, then any but loopback/docker*, then docker*, then loopback), so the
+// id works from other hosts too.
 Result<UniqueId> get_unique_id();
 
 namespace detail {

@@ -304,8 +304,23 @@ Status Bootstrap::barrier(Deadline deadline) {
   return allgather(tmp.data(), 1, deadline);
 }
 
-Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline) {
-  LOOM_ASSIGN_OR_RETURN(std::string reply, star_round(kRoundShrink, excluded, std::string(), deadline));
+Result<UniqueId> make_unique_id(const SockAddr& bind, double timeout_s) {
+  UidContents c;
+  c.secret = random_secret();
+  LOOM_ASSIGN_OR_RETURN(c.root, start_root(bind, c.secret, timeout_s > 0 ? timeout_s : params::timeout_s()));
+  return encode_uid(c);
+}
+
+Result<UniqueId> Bootstrap::new_unique_id(double timeout_s) const {
+  SockAddr bind = peers_[rank_].listen();
+  bind.set_port(0);
+  return make_unique_id(bind, timeout_s);
+}
+
+Result<UniqueId> Bootstrap::shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline,
+                                              double root_timeout_s) {
+  LOOM_ASSIGN_OR_RETURN(std::string reply,
+                        star_round(kRoundShrink, excluded, std::string(), deadline, root_timeout_s));
   if (reply.size() != sizeof(UniqueId)) return remote_error("shrink: reply of wrong size from the coordinator");
   UniqueId id;
   std::memcpy(id.bytes, reply.data(), sizeof(id.bytes));
@@ -323,7 +338,7 @@ Status Bootstrap::star_allgather(void* data, size_t bytes, Deadline deadline) {
 }
 
 Result<std::string> Bootstrap::star_round(uint32_t kind, const std::vector<int>& excluded, const std::string& payload,
-                                          Deadline deadline) {
+                                          Deadline deadline, double root_timeout_s) {
   const char* what = round_name(kind);
   const uint32_t gen = ++shrink_gen_;
   std::vector<bool> gone(nranks_, false);
@@ -483,7 +498,7 @@ Result<std::string> Bootstrap::star_round(uint32_t kind, const std::vector<int>&
     if (a.rank >= 0 && a.rank < nranks_) shrink_answered_[a.rank] = std::max(shrink_answered_[a.rank], a.generation);
   std::string answer;
   if (error.empty() && kind == kRoundShrink) {
-    auto made = get_unique_id();
+    auto made = new_unique_id(root_timeout_s);
     if (made.is_ok()) answer.assign(made->bytes, sizeof(made->bytes));
     else error = "the coordinator could not create a unique id: " + made.status().message();
   } else if (error.empty()) {

@@ -58,6 +58,8 @@ std::string host_name();
 // all nranks ranks have met or `timeout_s` passed. Returns the bound address.
 Result<SockAddr> start_root(const SockAddr& bind, uint64_t secret, double timeout_s);
 uint64_t random_secret();
+// A fresh unique id (random secret) whose root listens on `bind`.
+Result<UniqueId> make_unique_id(const SockAddr& bind, double timeout_s);
 
 class Bootstrap {
  public:
@@ -86,11 +88,19 @@ class Bootstrap {
   // hello of the same rank replace an older one, and keeps hellos of ranks it
   // excludes for a later round (a rank left out of one shrink may take part
   // in the next one, one generation behind the others).
-  Result<UniqueId> shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline);
+  // The new communicator's rendezvous root lives root_timeout_s (its init's
+  // timeout).
+  Result<UniqueId> shrink_rendezvous(const std::vector<int>& excluded, Deadline deadline, double root_timeout_s);
   // Allgather (same layout as allgather) through the same star rendezvous,
   // every rank taking part: for a communicator whose ring cannot be trusted
   // any more (Comm::split after revoke). Ignores the abort flag.
   Status star_allgather(void* data, size_t bytes, Deadline deadline);
+
+  // A unique id for a communicator made of some of these ranks (split,
+  // shrink): its root listens on this rank's bootstrap address, which every
+  // peer has already reached, so it works across hosts whatever
+  // LOOM_SOCKET_IFNAME says. The root lives timeout_s.
+  Result<UniqueId> new_unique_id(double timeout_s) const;
 
  private:
   Bootstrap() = default;
@@ -104,7 +114,7 @@ class Bootstrap {
   // excluded collects a hello (kind, exclude list, payload) from every other
   // one and answers all with the same bytes or the same error.
   Result<std::string> star_round(uint32_t kind, const std::vector<int>& excluded, const std::string& payload,
-                                 Deadline deadline);
+                                 Deadline deadline, double root_timeout_s = 0);
   // Coordinator side of shrink_rendezvous.
   struct ShrinkArrival {
     Fd fd;

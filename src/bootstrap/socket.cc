@@ -126,28 +126,71 @@ bool ifname_matches(const std::string& spec_in, const std::string& name) {
 
 }  // namespace
 
+bool pick_default_interface(const std::vector<InterfaceAddr>& ifs, SockAddr* out, std::string* name) {
+  auto rank = [](const InterfaceAddr& a) {
+    if (a.loopback) return 3;
+    if (a.name.rfind("docker", 0) == 0) return 2;
+    return a.name.rfind("ib", 0) == 0 ? 0 : 1;
+  };
+  const InterfaceAddr* best = nullptr;
+  auto key = [&](const InterfaceAddr& a) { return 2 * rank(a) + (a.addr.family() == AF_INET ? 0 : 1); };
+  for (const auto& a : ifs) {
+    if (!a.up || (a.addr.family() != AF_INET && a.addr.family() != AF_INET6)) continue;
+    if (a.addr.family() == AF_INET6 &&
+        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&a.addr.storage)->sin6_addr))
+      continue;
+    if (!best || key(a) < key(*best)) best = &a;
+  }
+  if (!best) return false;
+  *out = best->addr;
+  out->set_port(0);
+  if (name) *name = best->name;
+  return true;
+}
+
+namespace {
+
+std::vector<InterfaceAddr> list_interfaces(int* error) {
+  std::vector<InterfaceAddr> out;
+  ifaddrs* ifs = nullptr;
+  *error = getifaddrs(&ifs) != 0 ? errno : 0;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    InterfaceAddr a;
+    a.name = i->ifa_name;
+    a.up = (i->ifa_flags & IFF_UP) != 0;
+    a.loopback = (i->ifa_flags & IFF_LOOPBACK) != 0;
+    a.addr.len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&a.addr.storage, i->ifa_addr, a.addr.len);
+    out.push_back(std::move(a));
+  }
+  if (ifs) freeifaddrs(ifs);
+  return out;
+}
+
+}  // namespace
+
 Result<SockAddr> default_listen_addr() {
   std::string spec = env_string("LOOM_SOCKET_IFNAME", "");
-  if (spec.empty()) return loopback_addr();
-  ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs) != 0) return system_error("getifaddrs", errno);
+  int error = 0;
+  std::vector<InterfaceAddr> ifs = list_interfaces(&error);
+  if (error) return system_error("getifaddrs", error);
   SockAddr found;
-  bool ok = false;
-  for (int want : {AF_INET, AF_INET6}) {
-    for (ifaddrs* i = ifs; i && !ok; i = i->ifa_next) {
-      if (!i->ifa_addr || i->ifa_addr->sa_family != want || !(i->ifa_flags & IFF_UP)) continue;
-      if (!ifname_matches(spec, i->ifa_name)) continue;
-      if (want == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)) continue;
-      found.len = want == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      std::memcpy(&found.storage, i->ifa_addr, found.len);
-      ok = true;
-    }
-    if (ok) break;
+  if (spec.empty()) {
+    if (!pick_default_interface(ifs, &found)) return loopback_addr();
+    return found;
   }
-  freeifaddrs(ifs);
-  if (!ok) return invalid_argument("LOOM_SOCKET_IFNAME='" + spec + "' matches no interface that is up and has an address");
-  found.set_port(0);
-  return found;
+  for (int want : {AF_INET, AF_INET6}) {
+    for (const auto& a : ifs) {
+      if (a.addr.family() != want || !a.up || !ifname_matches(spec, a.name)) continue;
+      if (want == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&a.addr.storage)->sin6_addr))
+        continue;
+      found = a.addr;
+      found.set_port(0);
+      return found;
+    }
+  }
+  return invalid_argument("LOOM_SOCKET_IFNAME='" + spec + "' matches no interface that is up and has an address");
 }
 
 void Fd::reset(int fd) {

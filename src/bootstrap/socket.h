@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/status.h"
 
@@ -61,9 +62,26 @@ SockAddr loopback_addr(uint16_t port = 0);
 // The local address this machine would use to reach `remote` (no packet is sent).
 Result<SockAddr> local_addr_towards(const SockAddr& remote);
 
-// The address ranks listen on: LOOM_SOCKET_IFNAME (NCCL grammar) when set,
-// else loopback (single-host default; multi-host jobs set the interface or use
-// an env bootstrap whose root address is routable).
+// One address of one interface, as getifaddrs lists them.
+struct InterfaceAddr {
+  std::string name;
+  SockAddr addr;
+  bool up = false;
+  bool loopback = false;  // IFF_LOOPBACK
+};
+
+// The interface address a rendezvous root listens on when none is named,
+// NCCL's documented default: an InfiniBand (ib*) interface first, then any
+// other but loopback and docker*, then docker*, then loopback; IPv4 before
+// IPv6 within each class, list order otherwise. Skips interfaces that are
+// down and IPv6 link-local addresses (their scope cannot travel in a unique
+// id). Port 0. False only when the list has no usable address.
+bool pick_default_interface(const std::vector<InterfaceAddr>& ifs, SockAddr* out, std::string* name = nullptr);
+
+// The address get_unique_id's root listens on: LOOM_SOCKET_IFNAME (NCCL
+// grammar) when set, else pick_default_interface over this machine's
+// interfaces (loopback when nothing else is up), so an id made on one host
+// can be used from others, as NCCL's ncclGetUniqueId.
 Result<SockAddr> default_listen_addr();
 
 // Owns a file descriptor.

@@ -64,11 +64,8 @@ Status Work::status() const {
 // ---- creation --------------------------------------------------------------
 
 Result<UniqueId> get_unique_id() {
-  UidContents c;
-  c.secret = random_secret();
   LOOM_ASSIGN_OR_RETURN(SockAddr bind, default_listen_addr());
-  LOOM_ASSIGN_OR_RETURN(c.root, start_root(bind, c.secret, params::timeout_s()));
-  return encode_uid(c);
+  return make_unique_id(bind, params::timeout_s());
 }
 
 Comm::Comm(std::unique_ptr<CommImpl> impl) : impl_(std::move(impl)) {}
@@ -151,7 +148,9 @@ Result<std::unique_ptr<Comm>> Comm::init_from_env(const Config& config) {
 
 Result<std::vector<std::unique_ptr<Comm>>> Comm::init_all(int nranks, const Config& config) {
   if (nranks < 1) return invalid_argument(fmt::format("init_all: nranks {} < 1", nranks));
-  LOOM_ASSIGN_OR_RETURN(UniqueId id, get_unique_id());
+  // One process, so one host: the rendezvous stays on loopback.
+  LOOM_ASSIGN_OR_RETURN(UniqueId id,
+                        make_unique_id(loopback_addr(), config.timeout_s > 0 ? config.timeout_s : params::timeout_s()));
   std::vector<Result<std::unique_ptr<Comm>>> results;
   results.reserve(nranks);
   for (int i = 0; i < nranks; ++i) results.emplace_back(invalid_usage("not started"));
@@ -202,7 +201,7 @@ Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
   std::vector<Entry> ids(n);
   ids[me] = all[me];
   if (leader) {
-    LOOM_ASSIGN_OR_RETURN(ids[me].uid, get_unique_id());
+    LOOM_ASSIGN_OR_RETURN(ids[me].uid, impl_->bootstrap().new_unique_id(impl_->timeout_s()));
   }
   LOOM_RETURN_IF_ERROR(allgather(ids));
   if (color < 0) return std::unique_ptr<Comm>();
@@ -229,7 +228,8 @@ Result<std::unique_ptr<Comm>> Comm::shrink(const std::vector<int>& exclude, bool
   if (abort_first) impl_->abort("aborted by shrink");
   Deadline dl = deadline_after(config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s());
   if (impl_->revoked()) LOOM_RETURN_IF_ERROR(impl_->wait_quiescent(dl).with_context("shrink after revoke"));
-  auto id = impl_->bootstrap().shrink_rendezvous(excl, dl);
+  const double child_timeout = config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s();
+  auto id = impl_->bootstrap().shrink_rendezvous(excl, dl, child_timeout);
   if (!id.is_ok()) return id.status().with_context(fmt::format("shrink of {} rank {}", impl_->name(), me));
   int new_rank = me;
   for (int r : excl)
