@@ -49,12 +49,43 @@ Result<ParsedConfig> parse_given_config(const ncclConfig_t* cfg, const ParsedCon
     out.blocking = cfg->blocking == 1;
   }
   if (LOOM_CONFIG_HAS(cfg, commName) && cfg->commName != nullptr) out.name = cfg->commName;
-  if (LOOM_CONFIG_HAS(cfg, CTAPolicy) && cfg->CTAPolicy != NCCL_CONFIG_UNDEF_INT &&
-      (cfg->CTAPolicy < 0 || cfg->CTAPolicy > NCCL_CTA_POLICY_ZERO))
-    return invalid_argument("ncclConfig_t.CTAPolicy " + std::to_string(cfg->CTAPolicy) +
-                            " is not a NCCL_CTA_POLICY_* value");
   // The remaining fields tune GPU kernels, CollNet or NVLS; Loom's host path
-  // has nothing to apply them to.
+  // has nothing to apply them to, but refuses what NCCL 2.28 refuses
+  // (parseCommConfig), so a program that fails on NCCL fails here too.
+  // Regression: only magic, size, blocking and CTAPolicy were checked.
+  auto set = [&](size_t offset, size_t bytes, int v) {
+    return has_field(cfg, offset, bytes) && v != NCCL_CONFIG_UNDEF_INT;
+  };
+#define LOOM_CONFIG_SET(field) set(offsetof(ncclConfig_t, field), sizeof(cfg->field), cfg->field)
+  auto bad = [](const char* field, int v, const char* want) {
+    return invalid_argument(std::string("ncclConfig_t.") + field + " = " + std::to_string(v) + ": " + want);
+  };
+  auto zero_one = [&](const char* field, int v) -> Status {
+    return v == 0 || v == 1 ? Status::ok() : bad(field, v, "must be 0 or 1");
+  };
+  if (LOOM_CONFIG_SET(CTAPolicy) && (cfg->CTAPolicy < 0 || cfg->CTAPolicy > NCCL_CTA_POLICY_ZERO))
+    return bad("CTAPolicy", cfg->CTAPolicy, "not a NCCL_CTA_POLICY_* value");
+  if (LOOM_CONFIG_SET(cgaClusterSize) && cfg->cgaClusterSize < 0)
+    return bad("cgaClusterSize", cfg->cgaClusterSize, "must be >= 0");
+  if (LOOM_CONFIG_SET(minCTAs) && cfg->minCTAs <= 0) return bad("minCTAs", cfg->minCTAs, "must be > 0");
+  if (LOOM_CONFIG_SET(maxCTAs) && cfg->maxCTAs <= 0) return bad("maxCTAs", cfg->maxCTAs, "must be > 0");
+  // NCCL compares the raw fields: a minCTAs given without maxCTAs (INT_MIN,
+  // unset) is refused too.
+  if (LOOM_CONFIG_HAS(cfg, maxCTAs) && cfg->minCTAs > cfg->maxCTAs)
+    return invalid_argument("ncclConfig_t.minCTAs " + std::to_string(cfg->minCTAs) + " > maxCTAs " +
+                            (cfg->maxCTAs == NCCL_CONFIG_UNDEF_INT ? std::string("(unset)")
+                                                                   : std::to_string(cfg->maxCTAs)));
+  if (LOOM_CONFIG_SET(splitShare)) LOOM_RETURN_IF_ERROR(zero_one("splitShare", cfg->splitShare));
+  if (LOOM_CONFIG_SET(collnetEnable)) LOOM_RETURN_IF_ERROR(zero_one("collnetEnable", cfg->collnetEnable));
+  if (LOOM_CONFIG_SET(shrinkShare)) LOOM_RETURN_IF_ERROR(zero_one("shrinkShare", cfg->shrinkShare));
+  if (LOOM_CONFIG_SET(nvlsCTAs) && cfg->nvlsCTAs <= 0) return bad("nvlsCTAs", cfg->nvlsCTAs, "must be > 0");
+  constexpr int kNcclMaxChannels = 64;  // NCCL's MAXCHANNELS
+  if (LOOM_CONFIG_SET(nChannelsPerNetPeer) &&
+      (cfg->nChannelsPerNetPeer <= 0 || cfg->nChannelsPerNetPeer > kNcclMaxChannels))
+    return bad("nChannelsPerNetPeer", cfg->nChannelsPerNetPeer, "must be in [1, 64]");
+  if (LOOM_CONFIG_SET(nvlinkCentricSched))
+    LOOM_RETURN_IF_ERROR(zero_one("nvlinkCentricSched", cfg->nvlinkCentricSched));
+#undef LOOM_CONFIG_SET
   return out;
 }
 
@@ -270,10 +301,13 @@ extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
   return guard("ncclCommShrink", comm, [&]() -> Status {
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     if (newcomm == nullptr) return invalid_argument("newcomm is NULL");
-    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
-      return invalid_argument("unknown shrinkFlags " + std::to_string(shrinkFlags));
-    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
-      return invalid_argument("bad exclude list");
+    // As NCCL (ncclCommInitChildComm): the list must name at least one rank;
+    // only the NCCL_SHRINK_ABORT bit of shrinkFlags is looked at. Regression:
+    // an empty list made a duplicate and other flag values were refused.
+    if (excludeRanksList == nullptr || excludeRanksCount <= 0)
+      return invalid_argument("excludeRanksList must name at least one rank (got " +
+                              std::string(excludeRanksList == nullptr ? "NULL" : "a list") + ", count " +
+                              std::to_string(excludeRanksCount) + ")");
     for (int i = 0; i < excludeRanksCount; ++i)
       if (excludeRanksList[i] < 0 || excludeRanksList[i] >= c->nranks)
         return invalid_argument("excluded rank " + std::to_string(excludeRanksList[i]) +
@@ -284,7 +318,7 @@ extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
     *newcomm = nullptr;
     LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, settings_of(c)));
     std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
-    const bool abort_first = shrinkFlags == NCCL_SHRINK_ABORT;
+    const bool abort_first = (shrinkFlags & NCCL_SHRINK_ABORT) != 0;
     // NCCL_SHRINK_ABORT: error recovery, outstanding work is aborted first.
     // Otherwise the parent's outstanding work completes before the shrink.
     if (abort_first) c->comm->abort("ncclCommShrink with NCCL_SHRINK_ABORT");
@@ -297,10 +331,15 @@ extern "C" ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
 
 extern "C" ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   return guard("ncclCommFinalize", comm, [&]() -> Status {
+    // As NCCL (init.cc, ncclCommFinalize): NULL is a no-op, a second call
+    // ncclInvalidArgument. Regression: NULL was refused, a second call
+    // accepted (NcclApi.FinalizeOfNullAndTwiceAsNccl).
+    if (comm == nullptr) return Status::ok();
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     {
       std::lock_guard<std::mutex> lock(c->mu);
       if (c->revoked) return invalid_usage("ncclCommFinalize after ncclCommRevoke");
+      if (c->finalized) return invalid_argument("ncclCommFinalize called twice on this communicator");
     }
     Status s = drain(c);
     std::lock_guard<std::mutex> lock(c->mu);

@@ -97,6 +97,29 @@ bool fails_group(std::string_view api) {
       "ncclCommDestroy", "ncclCommAbort", "ncclCommWindowRegister"};
   return std::find(std::begin(kFailing), std::end(kFailing), api) != std::end(kFailing);
 }
+
+bool is_enqueue_call(std::string_view api) {
+  static constexpr std::string_view kEnqueue[] = {"ncclAllReduce", "ncclReduce",  "ncclReduceScatter",
+                                                  "ncclAllGather", "ncclBroadcast", "ncclAlltoAll",
+                                                  "ncclGather",    "ncclScatter", "ncclSend", "ncclRecv"};
+  return std::find(std::begin(kEnqueue), std::end(kEnqueue), api) != std::end(kEnqueue);
+}
+
+// As NCCL (enqueue.cc, ncclEnqueueCheck): an argument error in a collective
+// or send/recv on a non-blocking communicator also becomes its asynchronous
+// error, which ncclCommGetAsyncError reports and later calls return.
+// Regression: it was only returned (NcclApi.ArgumentErrorOnANonBlockingComm
+// IsItsAsyncError).
+void note_async_argument_error(ncclComm* comm, std::string_view api, const Status& s) {
+  if (comm == nullptr || comm->magic != ncclComm::kMagic || s.code() != StatusCode::kInvalidArgument ||
+      !is_enqueue_call(api))
+    return;
+  // Not the refusal of a comm still being created (or split): its creation
+  // sets the state when it ends.
+  if (!creation_finished(comm).is_ok()) return;
+  std::lock_guard<std::mutex> lock(comm->mu);
+  if (!comm->blocking && comm->async_error.is_ok()) comm->async_error = s;
+}
 }  // namespace
 
 ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()>& body) noexcept {
@@ -116,6 +139,7 @@ ncclResult_t guard(const char* api, ncclComm* comm, const std::function<Status()
   try {
     Status named = s.with_context(api);
     record_error(comm, named);
+    note_async_argument_error(comm, api, named);
     if (log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, named.to_string());
     if (in_group() && fails_group(api)) group_fail(named);
   } catch (...) {

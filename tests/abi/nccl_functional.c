@@ -400,10 +400,13 @@ static void test_shrink(ncclComm_t world) {
     NCCLCHECK(ncclCommDestroy(small));
   }
 
-  /* Error recovery: a duplicate (nothing excluded) is shrunk with
-   * NCCL_SHRINK_ABORT by ranks 0, 2, 3 while rank 1 just destroys it. */
+  /* Error recovery: a duplicate (a split with one color) is shrunk with
+   * NCCL_SHRINK_ABORT by ranks 0, 2, 3 while rank 1 just destroys it. (An
+   * empty exclude list is ncclInvalidArgument, as in NCCL.) */
   ncclComm_t dup = NULL;
-  NCCLCHECK(ncclCommShrink(world, NULL, 0, &dup, NULL, NCCL_SHRINK_DEFAULT));
+  EXPECT_ERROR(ncclCommShrink(world, NULL, 0, &dup, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+               "at least one rank");
+  NCCLCHECK(ncclCommSplit(world, 0, g_rank, &dup, NULL));
   if (g_rank == 1) {
     NCCLCHECK(ncclCommDestroy(dup));
   } else {
