@@ -37,7 +37,8 @@ void usage(FILE* out) {
           "  LOOM_ROOT_ADDR (127.0.0.1:<free port>), LOOM_SECRET and LOOM_LOCAL_RANK set.\n"
           "  Output lines are prefixed with [rank]. If a rank exits non-zero or is killed,\n"
           "  the others get --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
-          "  then are terminated; loomrun exits non-zero with a summary.\n"
+          "  then are terminated; loomrun prints a summary and exits with the first\n"
+          "  failing rank's code (128 + signal number when it was killed), as mpirun.\n"
           "  --bind core (default) pins rank r to the r-th CPU loomrun may use (modulo their\n"
           "  number), like mpirun's --bind-to core: ranks that migrate between cores pay\n"
           "  for it in latency. --bind none leaves placement to the kernel.\n");
@@ -300,5 +301,13 @@ int main(int argc, char** argv) {
   }
   if (!others.empty()) summary += "; other ranks: " + others;
   fprintf(stderr, "%s\n", summary.c_str());
+  // As mpirun: the first failing rank's exit code, 128 + its signal when it
+  // was killed (the shell's convention), 128 + loomrun's own signal when
+  // interrupted. Regression: always 1, so a job script could not tell a
+  // rank's error code or an OOM kill (137) from anything else.
+  if (first_failed < 0) return 128 + static_cast<int>(g_signal);
+  const int st = ranks[first_failed].status;
+  if (WIFEXITED(st)) return WEXITSTATUS(st) != 0 ? WEXITSTATUS(st) : 1;
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
   return 1;
 }

@@ -118,10 +118,16 @@ Result<EnvBootstrap> read_env() {
 
 uint64_t env_secret(const EnvBootstrap& e) {
   // Not a cryptographic secret: it rejects strangers and other jobs on the
-  // same port. LOOM_SECRET lets a launcher pass a random one.
-  std::string s = env_string("LOOM_SECRET", "") + "|" + e.root + "|" + std::to_string(e.size) + "|" +
-                  env_string("TORCHELASTIC_RUN_ID", "") + env_string("SLURM_JOB_ID", "") +
-                  env_string("OMPI_MCA_orte_hnp_uri", "");
+  // same port. LOOM_SECRET lets a launcher pass a random one (loomrun does).
+  // The launchers' per-run ids keep two runs of one command apart: a Slurm
+  // step (two sruns of one allocation), an Open MPI 5 / PMIx job, a
+  // torchrun restart. The world size is left out: ranks that disagree on
+  // it must reach the root, which names the disagreement (regression: they
+  // were strangers to each other and waited out their timeout).
+  std::string s = env_string("LOOM_SECRET", "") + "|" + e.root + "|" + env_string("TORCHELASTIC_RUN_ID", "") + "|" +
+                  env_string("TORCHELASTIC_RESTART_COUNT", "") + "|" + env_string("SLURM_JOB_ID", "") + "." +
+                  env_string("SLURM_STEP_ID", "") + "|" + env_string("OMPI_MCA_orte_hnp_uri", "") + "|" +
+                  env_string("PMIX_NAMESPACE", "");
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) {
     h ^= c;

@@ -173,6 +173,31 @@ bool from_death(const Snapshot& s, Verdict* v) {
       if (!view.members.count(dead)) v->evidence.push_back(fmt::format("no state from rank {}: its process is gone", dead));
       return true;
     }
+  // The socket transport does not see a death, only a connection the peer's
+  // kernel closed or reset: a peer named so that left no state of its own
+  // is gone too. Regression: this was a HANG naming a rank still alive.
+  static const std::regex lost(R"(closed the connection|connection reset|broken pipe)", std::regex::icase);
+  static const std::regex rank_re(R"(rank (\d+))");
+  for (const auto& [id, view] : build_views(s))
+    for (const auto& [r, m] : view.members) {
+      std::string msg = m.comm->value("error", "");
+      std::smatch mm;
+      if (!std::regex_search(msg, mm, lost)) continue;
+      int peer = -1;  // the last rank named before the error text, other than r
+      const std::string head = msg.substr(0, static_cast<size_t>(mm.position(0)));
+      for (auto it = std::sregex_iterator(head.begin(), head.end(), rank_re); it != std::sregex_iterator(); ++it)
+        if (std::stoi((*it)[1]) != r) peer = std::stoi((*it)[1]);
+      if (peer < 0 || peer >= view.nranks || view.members.count(peer)) continue;
+      std::string last = "unknown";
+      if (in_op(m)) last = fmt::format("op #{} {}", cur(m).value("seq", 0), render_op(cur_op(m)));
+      v->cls = "RANK_DIED";
+      v->ranks = {peer};
+      v->summary = fmt::format("{} of '{}' is gone: its connection to rank {} closed and it left no state (killed, "
+                               "crashed or exited); the op its peers were in: {}", who(view, peer), view.name, r, last);
+      v->evidence.push_back(fmt::format("reported by rank {}: {}", r, msg));
+      v->evidence.push_back(fmt::format("no state from rank {}: its process is gone (or its host unreachable)", peer));
+      return true;
+    }
   return false;
 }
 
@@ -416,18 +441,33 @@ bool from_positions(const Snapshot& s, Verdict* v) {
   const CommView& c = *primary;
   std::vector<int> inop, idle;
   for (const auto& [r, m] : c.members) (in_op(m) ? inop : idle).push_back(r);
-  const Member& first = c.members.at(inop.front());
-  const std::string their_op = fmt::format("op #{} {}", cur(first).value("seq", 0), render_op(cur_op(first)));
+  // Ranks may be one op (or more) apart: those that finished their part of
+  // op #lo wait in the next one for the others. The hang is in op #lo;
+  // ranks further on are compared by the op #lo they recorded.
+  uint64_t lo = UINT64_MAX;
+  for (int r : inop) lo = std::min<uint64_t>(lo, cur(c.members.at(r)).value("seq", uint64_t{0}));
+  std::vector<int> behind, ahead;
+  for (int r : inop) (cur(c.members.at(r)).value("seq", uint64_t{0}) == lo ? behind : ahead).push_back(r);
+  const Member& first = c.members.at(behind.front());
+  const std::string their_op = fmt::format("op #{} {}", lo, render_op(cur_op(first)));
+  // Each rank's op #lo: the current one, or from the history of a rank
+  // further on (absent when its ring no longer holds it).
+  std::map<int, json> op_at_lo;
+  for (int r : behind) op_at_lo[r] = cur_op(c.members.at(r));
+  for (int r : ahead)
+    for (const auto& o : c.members.at(r).comm->value("ops", json::array()))
+      if (o.is_object() && o.value("seq", ~uint64_t{0}) == lo) op_at_lo[r] = o;
 
-  // 1. Ops differ among the ranks inside one (nobody's fingerprint got read).
+  // 1. Ops differ among the ranks (nobody's fingerprint got read).
+  // Regression: ranks one op apart were called an argument mismatch.
   std::map<std::string, std::vector<int>> by_op;
-  for (int r : inop) by_op[op_key(cur_op(c.members.at(r)))].push_back(r);
+  for (const auto& [r, op] : op_at_lo) by_op[op_key(op)].push_back(r);
   if (by_op.size() > 1) {
     std::vector<std::string> parts;
     bool same_coll = true, any_p2p = false;
     std::string coll0 = cur_op(first).value("coll", "");
     for (const auto& [k, rs] : by_op) {
-      const json op = cur_op(c.members.at(rs.front()));
+      const json& op = op_at_lo.at(rs.front());
       same_coll = same_coll && op.value("coll", "") == coll0;
       any_p2p = any_p2p || op.value("coll", "") == "sendrecv";
       parts.push_back(fmt::format("{} called {} as op #{}", ranks_word(rs), render_op(op), op.value("seq", 0)));
@@ -530,9 +570,10 @@ bool from_positions(const Snapshot& s, Verdict* v) {
     return true;
   }
 
-  // 4. Everyone is in the same op: name the rank(s) most waited on.
+  // 4. Everyone is in the op (or past it): name the rank(s) most waited on
+  // by the ranks still in it.
   std::map<int, int> waited;
-  for (int r : inop) {
+  for (int r : behind) {
     json st = blocked_step(c.members.at(r));
     if (st.is_object() && st.value("peer", -1) >= 0) ++waited[st.value("peer", -1)];
   }
@@ -541,8 +582,11 @@ bool from_positions(const Snapshot& s, Verdict* v) {
     if (k > n) most = p, n = k;
   v->cls = "HANG";
   v->ranks = most >= 0 ? std::vector<int>{most} : std::vector<int>{};
-  v->summary = fmt::format("all ranks of '{}' are in {} and none moves{}", c.name, their_op,
-                           most >= 0 ? fmt::format("; most wait on rank {}", most) : "");
+  v->summary = ahead.empty()
+                   ? fmt::format("all ranks of '{}' are in {} and none moves", c.name, their_op)
+                   : fmt::format("{} of '{}' are in {} and none moves; {} finished their part of it and wait in the "
+                                 "next op", ranks_word(behind), c.name, their_op, ranks_word(ahead));
+  if (most >= 0) v->summary += fmt::format("; most wait on rank {}", most);
   return true;
 }
 
@@ -553,8 +597,14 @@ uint64_t progress_mark(const Snapshot& s, const std::string& key) {
   for (const auto& p : s.processes)
     for (const auto& c : p.value("comms", json::array()))
       if (c.is_object() && proc_key(p) + "/" + c.value("id", "") == key)
+      {
         for (const auto& o : c.value("ops", json::array()))
           if (o.value("state", "") == "completed") best = std::max<uint64_t>(best, o.value("seq", uint64_t{0}) + 1);
+        // The engine's own count, there even when no op is recorded
+        // (LOOM_TRACE_BUFFER_SIZE=0). Regression: such a job, busy and
+        // healthy, was called stuck.
+        if (c.value("status", "ok") == "ok") best = std::max<uint64_t>(best, c.value("finished_seq", uint64_t{0}));
+      }
   return best;
 }
 
@@ -605,6 +655,38 @@ bool straggler(const Snapshot& s, Verdict* v) {
   return false;
 }
 
+// Dumps of two runs in one directory (a job relaunched with the same
+// LOOM_DIAG_DIR, the communicator id the same when the env secret is): the
+// same rank of the same communicator appears in two processes. Only the
+// newer process is kept, and the older one named. Regression: they were
+// mixed silently, one overwriting the other's rank.
+void drop_older_runs(Snapshot& s, const std::vector<std::string>& names) {
+  std::map<std::pair<std::string, int>, size_t> owner;  // (comm id, rank) -> newest process
+  std::set<size_t> dropped;
+  for (size_t i = 0; i < s.processes.size(); ++i)
+    for (const auto& c : s.processes[i].value("comms", json::array())) {
+      if (!c.is_object()) continue;
+      auto key = std::make_pair(c.value("id", std::string("?")), c.value("rank", -1));
+      auto [it, fresh] = owner.emplace(key, i);
+      if (fresh || it->second == i) continue;
+      const json& a = s.processes[it->second];
+      const json& b = s.processes[i];
+      const bool b_newer = b.value("time_ns", int64_t{0}) > a.value("time_ns", int64_t{0});
+      const size_t old_i = b_newer ? it->second : i, new_i = b_newer ? i : it->second;
+      if (dropped.insert(old_i).second)
+        s.problems.push_back(fmt::format(
+            "{} and {} both hold '{}' rank {} (pids {} and {}): dumps of two runs in one directory? the older one, "
+            "{}, is left out", names[old_i], names[new_i], c.value("name", "?"), key.second,
+            s.processes[old_i].value("pid", 0), s.processes[new_i].value("pid", 0), names[old_i]));
+      it->second = new_i;
+    }
+  if (dropped.empty()) return;
+  std::vector<json> kept;
+  for (size_t i = 0; i < s.processes.size(); ++i)
+    if (!dropped.count(i)) kept.push_back(std::move(s.processes[i]));
+  s.processes = std::move(kept);
+}
+
 }  // namespace
 
 std::string Verdict::to_text() const {
@@ -621,6 +703,7 @@ Snapshot load_dumps(const std::string& dir) {
     if (e.path().extension() == ".json") files.push_back(e.path());
   if (ec) s.problems.push_back(fmt::format("cannot read directory {}: {}", dir, ec.message()));
   std::sort(files.begin(), files.end());
+  std::vector<std::string> names;  // file of each process
   for (const auto& f : files) {
     std::ifstream in(f);
     std::stringstream ss;
@@ -656,11 +739,13 @@ Snapshot load_dumps(const std::string& dir) {
         (void)analyze(alone);
       }
       s.processes.push_back(std::move(j));
+      names.push_back(name);
     } catch (const json::exception& e) {
       bool truncated = std::string(e.what()).find("unexpected end of input") != std::string::npos;
       s.problems.push_back(fmt::format("{}: {} ({})", name, truncated ? "truncated" : "corrupt", e.what()));
     }
   }
+  drop_older_runs(s, names);
   // Ranks every communicator expects but no file covers.
   for (const auto& [id, view] : build_views(s))
     for (int r = 0; r < view.nranks; ++r)

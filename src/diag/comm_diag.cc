@@ -116,6 +116,9 @@ nlohmann::json CommImpl::diag_state() {
     j["current"] = std::move(cur);
   }
   j["ops"] = std::move(ops);
+  // seq + 1 of the last op the engine finished: progress that `loom-doctor
+  // status` sees even when no op is recorded (LOOM_TRACE_BUFFER_SIZE=0).
+  j["finished_seq"] = last_seq_.load(std::memory_order_relaxed);
   if (recorder_ && recorder_->unrecorded()) j["ops_not_recorded"] = recorder_->unrecorded();
   return j;
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
+#include "core/comm_impl.h"
 #include "diag/hub.h"
 
 namespace loom {
@@ -163,6 +164,31 @@ TEST(DiagDump, AHungOpKeepsItsEntryWithMoreOpsQueuedThanTheRingHolds) {
   unsetenv("LOOM_TRACE_BUFFER_SIZE");
   unsetenv("LOOM_DUMP_DIR");
   std::filesystem::remove_all(dir);
+}
+
+// finished_seq counts the ops the engine finished even when none is
+// recorded (LOOM_TRACE_BUFFER_SIZE=0): what `loom-doctor status` reads
+// progress from there.
+TEST(DiagDump, FinishedSeqCountsOpsWithoutATraceBuffer) {
+  setenv("LOOM_TRACE_BUFFER_SIZE", "0", 1);
+  auto comms = Comm::init_all(2);
+  unsetenv("LOOM_TRACE_BUFFER_SIZE");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(64, 1.0f));
+  for (int i = 0; i < 5; ++i) {
+    std::vector<Work> works;
+    for (int r = 0; r < 2; ++r) {
+      auto w = (*comms)[r]->allreduce(bufs[r].data(), bufs[r].data(), 64, DataType::kFloat32, RedOp::kSum);
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      works.push_back(*w);
+    }
+    for (auto& w : works) ASSERT_TRUE(w.wait().is_ok());
+  }
+  for (auto& c : *comms) {
+    const nlohmann::json st = c->impl()->diag_state();
+    EXPECT_TRUE(st["ops"].empty()) << st.dump();
+    EXPECT_EQ(st.value("finished_seq", 0), 5) << st.dump();
+  }
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   auto t0 = std::chrono::steady_clock::now();
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 1 sh -c 'if [ $LOOM_RANK = 1 ]; then exit 3; fi; sleep 60'");
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(rc, 0);
+  EXPECT_EQ(rc, 3) << "loomrun exits with the failing rank's code, as mpirun (was always 1)\n" << out;
   EXPECT_LT(secs, 20) << "loomrun did not end the other ranks";
   EXPECT_NE(out.find("loomrun: rank 1"), std::string::npos) << out;
   EXPECT_NE(out.find("exited with code 3"), std::string::npos) << out;
@@ -89,7 +89,7 @@ TEST(Loomrun, KillingLoomrunEndsTheRanks) { ranks_end_with_loomrun("KILL"); }
 
 TEST(Loomrun, KilledRankIsReportedWithItsSignal) {
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 2 --grace 1 sh -c 'if [ $LOOM_RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
-  EXPECT_NE(rc, 0);
+  EXPECT_EQ(rc, 128 + 9) << out;
   EXPECT_NE(out.find("rank 0"), std::string::npos) << out;
   EXPECT_NE(out.find("SIGKILL"), std::string::npos) << out;
 }
@@ -158,6 +158,50 @@ TEST(EnvBootstrap, MissingVariablesGiveAClearError) {
   });
   EXPECT_EQ(WEXITSTATUS(res[0].status), 0);
   EXPECT_NE(res[0].output.find("no rank in the environment"), std::string::npos) << res[0].output;
+}
+
+// Ranks that disagree on the world size reach the root, which names the
+// disagreement at once. Regression: the size was hashed into the env
+// secret, so they were strangers to each other and both waited out their
+// timeout ("waiting for the other ranks").
+// Two Slurm steps of one allocation on the same port are two jobs: their
+// ranks do not meet.
+std::vector<testing::ChildResult> env_pair(const std::vector<std::vector<std::pair<const char*, std::string>>>& envs,
+                                           double timeout_s) {
+  SockAddr probe;
+  auto fd = tcp_listen(loopback_addr(0), &probe);
+  EXPECT_TRUE(fd.is_ok());
+  const std::string port = std::to_string(probe.port());
+  fd->reset();
+  return testing::run_processes(static_cast<int>(envs.size()), [&](int r, int out) {
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port.c_str(), 1);
+    for (const auto& [k, v] : envs[r]) setenv(k, v.c_str(), 1);
+    Config cfg;
+    cfg.timeout_s = timeout_s;
+    auto comm = Comm::init_from_env(cfg);
+    std::string m = comm.is_ok() ? "ok" : comm.status().to_string();
+    (void)!write(out, m.data(), m.size());
+    return comm.is_ok() ? 0 : 1;
+  }, 60);
+}
+
+TEST(EnvBootstrap, DisagreeingWorldSizesAreNamed) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto res = env_pair({{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, {{"RANK", "1"}, {"WORLD_SIZE", "3"}}}, 20);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(WEXITSTATUS(res[r].status), 1) << res[r].output;
+    EXPECT_NE(res[r].output.find("nranks="), std::string::npos) << "rank " << r << ": " << res[r].output;
+  }
+  EXPECT_LT(secs, 15) << "the disagreement waited for the timeout";
+}
+
+TEST(EnvBootstrap, TwoSlurmStepsOnOnePortDoNotMeet) {
+  auto res = env_pair({{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}},
+                       {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "1"}}},
+                      2);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(WEXITSTATUS(res[r].status), 1) << "rank " << r << " joined the other step: " << res[r].output;
 }
 
 }  // namespace

@@ -449,5 +449,100 @@ TEST(Doctor, ConnectionErrorToAnotherHostIsLinkDown) {
   EXPECT_NE(v.line().find("between host ha (rank 1) and host hb (rank 3)"), std::string::npos) << v.to_text();
 }
 
+// The socket transport sees a killed peer only as a connection its kernel
+// closed: that peer, without state of its own, is gone. Regression: HANG
+// naming a rank that was alive.
+TEST(Doctor, SocketPeerThatClosedAndLeftNoStateIsRankDied) {
+  const std::string closed = "RemoteError: comm rank 2: allreduce #7 (ring, 1024 x float32, sum): rank 3 on host vm "
+                             "(198.51.100.11:4000) closed the connection (the process exited, was killed, or destroyed "
+                             "its communicator while this rank still needed data from it)";
+  Snapshot s = snapshot_of({1, 2, 3, 3}, {0, 1, 2}, kTimeout);
+  s.processes[2] = two_host_state(2, {1, 2, 3, 3}, closed);
+  Verdict v = analyze(s);
+  EXPECT_EQ(v.cls, "RANK_DIED") << v.to_text();
+  EXPECT_EQ(v.ranks, std::vector<int>{3}) << v.to_text();
+  EXPECT_NE(v.summary.find("rank 3 (pid 103 on vm)"), std::string::npos) << v.to_text();
+  // A peer that closed but still wrote its state (it destroyed its comm) is
+  // not called dead.
+  Snapshot alive = snapshot_of({1, 2, 3, -1}, {0, 1, 2, 3}, kTimeout);
+  alive.processes[2] = two_host_state(2, {1, 2, 3, -1}, closed);
+  EXPECT_NE(analyze(alive).cls, "RANK_DIED") << analyze(alive).to_text();
+}
+
+// Four ranks on one host; rank 2 finished its part of allreduce #7 and waits
+// in #8 (on rank 1) for the others, who still wait in #7: ranks 0 and 1 on
+// rank 3, rank 3 on rank 1. Only waits inside #7 name the culprit (rank 3).
+Snapshot one_op_apart(int ahead_count_at_7) {
+  Snapshot s = snapshot_of({3, 3, 1, 1}, {0, 1, 2, 3}, kTimeout);
+  for (auto& p : s.processes)
+    for (auto& peer : p["comms"][0]["peers"]) peer["host_hash"] = "00aa";
+  auto& c2 = s.processes[2]["comms"][0];
+  nlohmann::json done = c2["ops"][0];
+  done["state"] = "completed";
+  done["count"] = ahead_count_at_7;
+  nlohmann::json next = c2["ops"][0];
+  next["seq"] = 8;
+  next["coll_seq"] = 8;
+  c2["ops"] = nlohmann::json::array({done, next});
+  c2["current"]["seq"] = 8;
+  c2["current"]["op"] = next;
+  return s;
+}
+
+TEST(Doctor, RanksOneOpApartAreAHangNotAMismatch) {
+  Verdict v = analyze(one_op_apart(1024));
+  EXPECT_EQ(v.cls, "HANG") << v.to_text();
+  EXPECT_EQ(v.ranks, std::vector<int>{3}) << v.to_text();
+  EXPECT_NE(v.summary.find("rank 2 finished their part of it"), std::string::npos) << v.to_text();
+  EXPECT_NE(v.summary.find("op #7"), std::string::npos) << v.to_text();
+  // The op #7 rank 2 recorded differs from the others': a real mismatch.
+  Verdict m = analyze(one_op_apart(512));
+  EXPECT_EQ(m.cls, "ARGUMENT_MISMATCH") << m.to_text();
+  EXPECT_EQ(m.ranks, std::vector<int>{2}) << m.to_text();
+}
+
+// Two runs' dumps in one directory: the same rank of the same communicator
+// twice. Regression: mixed silently (one file overwrote the other's rank).
+TEST(Doctor, DumpsOfTwoRunsInOneDirectoryAreNamed) {
+  std::string dir = "/tmp/loom-diag-runs-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json old0 = rank_state(0, true), old1 = rank_state(1, false);
+  nlohmann::json new1 = rank_state(1, true);
+  new1["pid"] = 201;
+  new1["time_ns"] = 50;
+  std::ofstream(dir + "/loom-rank0-h-100.json") << old0.dump(1);
+  std::ofstream(dir + "/loom-rank1-h-101.json") << old1.dump(1);
+  std::ofstream(dir + "/loom-rank1-h-201.json") << new1.dump(1);
+  Snapshot s = load_dumps(dir);
+  std::string problems;
+  for (const auto& p : s.problems) problems += p + "\n";
+  EXPECT_NE(problems.find("loom-rank1-h-101.json and loom-rank1-h-201.json both hold 'w' rank 1"), std::string::npos)
+      << problems;
+  ASSERT_EQ(s.processes.size(), 2u);
+  for (const auto& p : s.processes) EXPECT_NE(p.value("pid", 0), 101) << "the older run's rank 1 was kept";
+  std::filesystem::remove_all(dir);
+}
+
+// Live status of a job that records no ops (LOOM_TRACE_BUFFER_SIZE=0): the
+// engine's finished_seq still shows progress. Regression: called stuck.
+TEST(Doctor, FinishedSeqShowsProgressWithoutRecordedOps) {
+  auto at = [](uint64_t seq) {
+    Snapshot s;
+    s.processes = {rank_state(0, true), rank_state(1, true)};
+    for (auto& p : s.processes) {
+      auto& c = p["comms"][0];
+      c["ops"] = nlohmann::json::array();
+      c["current"]["seq"] = seq;
+      c["current"].erase("op");
+      c["finished_seq"] = seq;
+    }
+    return s;
+  };
+  Snapshot before = at(10), now = at(20);
+  EXPECT_EQ(analyze(now, &before).cls, "PROGRESSING") << analyze(now, &before).to_text();
+  EXPECT_NE(analyze(at(10), &before).cls, "PROGRESSING");
+}
+
 }  // namespace
 }  // namespace loom::diag
