@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <climits>
 #include <thread>
 
 #include "core/comm_impl.h"
@@ -90,7 +91,13 @@ struct EnvBootstrap {
 
 Result<EnvBootstrap> read_env() {
   EnvBootstrap e;
-  auto num = [](const char* name) -> int { return static_cast<int>(env_int(name, -1)); };
+  // A value that is not an integer in int's range reads as -1 (then refused
+  // as missing) rather than truncated. Regression: LOOM_WORLD_SIZE=4294967298
+  // was world size 2.
+  auto num = [](const char* name) -> int {
+    const int64_t v = env_int(name, -1);
+    return v < 0 || v > INT_MAX ? -1 : static_cast<int>(v);
+  };
   std::string master;
   if (env_raw("MASTER_ADDR") && env_raw("MASTER_PORT"))
     master = env_string("MASTER_ADDR", "") + ":" + env_string("MASTER_PORT", "");
@@ -108,7 +115,9 @@ Result<EnvBootstrap> read_env() {
         "init_from_env: no rank in the environment (set LOOM_RANK, LOOM_WORLD_SIZE and LOOM_ROOT_ADDR, or run "
         "under loomrun, torchrun, mpirun or srun)");
   }
-  if (e.size < 1) return invalid_argument("init_from_env: world size missing or < 1 (" + e.source + ")");
+  if (e.size < 1)
+    return invalid_argument("init_from_env: world size missing, < 1 or not an int (" + e.source + ")");
+  if (e.rank < 0) return invalid_argument("init_from_env: rank missing, negative or not an int (" + e.source + ")");
   if (e.rank < 0 || e.rank >= e.size)
     return invalid_argument(fmt::format("init_from_env: rank {} >= world size {} ({})", e.rank, e.size, e.source));
   if (e.root.empty())

@@ -204,5 +204,23 @@ TEST(EnvBootstrap, TwoSlurmStepsOnOnePortDoNotMeet) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(WEXITSTATUS(res[r].status), 1) << "rank " << r << " joined the other step: " << res[r].output;
 }
 
+// A world size beyond int's range is refused, not truncated. Regression:
+// LOOM_WORLD_SIZE=4294967298 (2^32 + 2) was read as 2.
+TEST(EnvBootstrap, WorldSizeBeyondIntIsRefused) {
+  auto res = testing::run_processes(1, [&](int, int out) {
+    setenv("LOOM_RANK", "0", 1);
+    setenv("LOOM_WORLD_SIZE", "4294967298", 1);
+    setenv("LOOM_ROOT_ADDR", "127.0.0.1:1", 1);
+    Config cfg;
+    cfg.timeout_s = 2;
+    auto comm = Comm::init_from_env(cfg);
+    std::string m = comm.is_ok() ? "ok" : comm.status().to_string();
+    (void)!write(out, m.data(), m.size());
+    return comm.is_ok() ? 1 : 0;
+  });
+  EXPECT_EQ(WEXITSTATUS(res[0].status), 0) << res[0].output;
+  EXPECT_NE(res[0].output.find("world size missing, < 1 or not an int"), std::string::npos) << res[0].output;
+}
+
 }  // namespace
 }  // namespace loom
