@@ -22,6 +22,12 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
     return invalid_argument("checkpoint: parameter count does not match the model shape");
   // Write to a temporary name and rename, so a crash never leaves half a file.
   const std::string tmp = path + ".tmp";
+  // A failed save removes its temporary file. Regression: it was left
+  // behind (Checkpoint.AFailedSaveLeavesNoTemporaryFile).
+  auto fail = [&](const std::string& what, int err) {
+    std::remove(tmp.c_str());
+    return system_error(what, err);
+  };
   {
     File f(std::fopen(tmp.c_str(), "wb"));
     if (!f) return system_error("checkpoint: cannot create " + tmp, errno);
@@ -33,10 +39,14 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
               std::fwrite(&count, sizeof count, 1, f.get()) == 1 &&
               std::fwrite(ckpt.params.data(), sizeof(float), ckpt.params.size(), f.get()) == ckpt.params.size();
     ok = ok && std::fflush(f.get()) == 0;
-    if (!ok) return system_error("checkpoint: write to " + tmp + " failed", errno);
+    if (!ok) {
+      const int err = errno;
+      f.reset();
+      return fail("checkpoint: write to " + tmp + " failed", err);
+    }
+    if (std::fclose(f.release()) != 0) return fail("checkpoint: closing " + tmp + " failed", errno);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return system_error("checkpoint: rename to " + path + " failed", errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail("checkpoint: rename to " + path + " failed", errno);
   return Status::ok();
 }
 
@@ -57,6 +67,18 @@ Result<Checkpoint> load_checkpoint(const std::string& path) {
   if (count < 0 || static_cast<size_t>(count) != full_param_count(ck.config))
     return invalid_argument("checkpoint: " + path + " holds " + std::to_string(count) +
                             " values, the model shape needs " + std::to_string(full_param_count(ck.config)));
+  // The file must hold the values its header promises before they are
+  // allocated. Regression: a header claiming a huge model threw bad_alloc
+  // (std::terminate) instead of being refused (Checkpoint.AHeaderPromising
+  // MoreThanTheFileHoldsIsRefused).
+  const long here = std::ftell(f.get());
+  if (here < 0 || std::fseek(f.get(), 0, SEEK_END) != 0) return system_error("checkpoint: cannot seek " + path, errno);
+  const long end = std::ftell(f.get());
+  if (end < here || static_cast<uint64_t>(end - here) < static_cast<uint64_t>(count) * sizeof(float))
+    return invalid_argument("checkpoint: " + path + " is truncated (weights: the header promises " +
+                            std::to_string(count) + " values, the file holds " +
+                            std::to_string(end < here ? 0 : (end - here) / 4) + ")");
+  if (std::fseek(f.get(), here, SEEK_SET) != 0) return system_error("checkpoint: cannot seek " + path, errno);
   ck.params.resize(static_cast<size_t>(count));
   if (std::fread(ck.params.data(), sizeof(float), ck.params.size(), f.get()) != ck.params.size())
     return invalid_argument("checkpoint: " + path + " is truncated (weights)");

@@ -152,6 +152,7 @@ void generate_and_report(Gpt<float>& model, Group& tp, CommStats& stats, const G
     out += static_cast<char>(tok);
     if (i + 1 < o.tokens) logits = &dec.step(&tok, 1);
     lat.push_back(now_s() - ts);
+    if (o.on_token) o.on_token();
   }
   const double total = now_s() - t0, decode = total - prefill;
   if (rank0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct GenerateOptions {
   float temperature = 1.0f;
   uint64_t seed = 1;
   double timeout_s = 0;
+  // Called after each decoded token (train --generate: a heartbeat the
+  // ranks that do not generate take part in).
+  std::function<void()> on_token;
 };
 
 // KV-cached forward of a (tensor-parallel shard of a) whole model.

@@ -24,7 +24,8 @@ parallelism
   --dp N              data-parallel replicas (batch split)                 [1]
   --zero              ZeRO: reduce_scatter grads, shard AdamW, all_gather params
   --gpipe             GPipe schedule instead of 1F1B (pp > 1)
-  --micro N           micro-batches per step per replica   [2*pp, 1 without pp]
+  --micro N           micro-batches per step per replica
+                      [the largest divisor of batch/dp that is <= 2*pp; 1 without pp]
 training
   --steps N           optimizer steps                                     [20]
   --seed S            initialisation and data seed                         [1]
@@ -34,7 +35,8 @@ training
   --weight-decay X    AdamW weight decay                                   [0]
   --data FILE         training text        [/usr/share/common-licenses/GPL-3]
   --ckpt FILE         save the trained weights to FILE
-  --load FILE         start from FILE's weights instead of the seed
+  --load FILE         continue from FILE's weights and step (the data goes on from
+                      there; the optimizer's moments are not saved and start anew)
   --generate K        after training, generate K tokens (tp-parallel on the
                       first stage of replica 0) and report like `generate`
   --prompt TEXT       prompt for --generate                           ["The "]
@@ -146,7 +148,9 @@ int train_main(int argc, char** argv) {
     else if (f == "--top-k") o.top_k = static_cast<int>(a.integer());
     else if (f == "--inject-hang") {
       const std::string v = a.value();
-      if (std::sscanf(v.c_str(), "%d:%d", &o.hang_rank, &o.hang_step) != 2 || o.hang_rank < 0 || o.hang_step < 1)
+      int used = 0;
+      if (std::sscanf(v.c_str(), "%d:%d%n", &o.hang_rank, &o.hang_step, &used) != 2 ||
+          used != static_cast<int>(v.size()) || o.hang_rank < 0 || o.hang_step < 1)
         usage_error("--inject-hang wants RANK:STEP (e.g. 1:3), got " + v, kTrainHelp);
     } else {
       usage_error("unknown option " + f, kTrainHelp);

@@ -12,6 +12,12 @@ Status ModelConfig::validate() const {
   if (vocab <= 0 || ctx <= 0 || layers <= 0 || dim <= 0 || heads <= 0)
     return invalid_argument("model: every size must be positive");
   if (dim % heads != 0) return invalid_argument("model: dim must be a multiple of heads");
+  // Far above what the harness runs, low enough that no size computation
+  // overflows an int (4 * dim) and a foreign checkpoint header cannot ask
+  // for billions of tensors (regression: a header with ctx = 2^30 ended in
+  // std::bad_alloc, an abort).
+  if (vocab > (1 << 24) || ctx > (1 << 20) || layers > (1 << 12) || dim > (1 << 16))
+    return invalid_argument("model: a size is out of range (vocab <= 2^24, ctx <= 2^20, layers <= 4096, dim <= 65536)");
   return Status::ok();
 }
 

@@ -155,8 +155,29 @@ int run_train(const TrainOptions& o) {
   };
   if (o.batch % o.dp != 0) return fail("--batch must be a multiple of --dp");
   const int local_batch = o.batch / o.dp;
-  const int micro = o.micro > 0 ? o.micro : (o.pp > 1 ? std::min(2 * o.pp, local_batch) : 1);
-  if (local_batch % micro != 0) return fail("--batch / --dp must be a multiple of the micro-batch count");
+  // Default: the largest divisor of the local batch up to 2*pp. Regression:
+  // min(2*pp, local batch) failed the check below for ordinary settings
+  // (--pp 3 with the default batch 8) with an error about --micro.
+  int micro = o.micro;
+  if (micro <= 0) {
+    micro = 1;
+    if (o.pp > 1)
+      for (int m = std::min(2 * o.pp, local_batch); m >= 1; --m)
+        if (local_batch % m == 0) {
+          micro = m;
+          break;
+        }
+  }
+  if (local_batch % micro != 0)
+    return fail("--batch / --dp (" + std::to_string(local_batch) + ") must be a multiple of --micro (" +
+                std::to_string(micro) + ")");
+  // A hang injected where no peer waits would hang for good, one on a rank
+  // that does not exist would do nothing. Regression: both were accepted.
+  if (o.hang_step > 0 && g.world_size == 1)
+    return fail("--inject-hang needs more than one rank (alone, no peer's deadline can fire)");
+  if (o.hang_step > 0 && o.hang_rank >= g.world_size)
+    return fail("--inject-hang: rank " + std::to_string(o.hang_rank) + " does not exist (world size " +
+                std::to_string(g.world_size) + ")");
   if (o.model.heads % o.tp != 0) return fail("--heads must be a multiple of --tp");
   if (o.pp > o.model.layers) return fail("--pp must not exceed --layers");
   if (o.seq > o.model.ctx) return fail("--seq must not exceed --ctx");
@@ -173,11 +194,16 @@ int run_train(const TrainOptions& o) {
   Gpt<float> model(o.model, shard, o.zero ? static_cast<size_t>(g.dp) : 1);
   // Every rank builds the full model from the seed (or the checkpoint) and
   // keeps its slice: shards equal the single-rank weights exactly.
+  // --load continues the run: its steps (and so the data) go on from the
+  // checkpoint's. Regression: they restarted at 1 (the first batches again)
+  // and the new checkpoint was labelled with this run's steps only.
+  int loaded_step = 0;
   if (!o.load.empty()) {
     Result<Checkpoint> ck = load_checkpoint(o.load);
     if (!ck.is_ok()) return fail(ck.status().to_string());
     if (!(ck->config == o.model)) return fail("--load: the checkpoint's model shape differs from the flags");
     model.load_full(ck->params.data());
+    loaded_step = std::max(0, ck->step);
   } else {
     const std::vector<float> full = init_full_params(o.model, o.seed);
     model.load_full(full.data());
@@ -211,8 +237,9 @@ int run_train(const TrainOptions& o) {
   const bool show_progress = rank0 && o.progress && isatty(STDERR_FILENO);
   const double t_start = now_s();
 
-  for (int step = 1; step <= o.steps; ++step) {
-    if (step == o.hang_step && g.world_rank == o.hang_rank) hang_forever(g.world_rank, step);
+  for (int run_step = 1; run_step <= o.steps; ++run_step) {
+    const int step = loaded_step + run_step;  // numbers the data and the output
+    if (run_step == o.hang_step && g.world_rank == o.hang_rank) hang_forever(g.world_rank, step);
     stats.reset();
     const double t0 = now_s();
     const Batch batch = global_batch(*text, o.seed, step, o.batch, o.seq);
@@ -232,10 +259,10 @@ int run_train(const TrainOptions& o) {
     if (o.zero && g.dp > 1) {
       g.dp_group->reduce_scatter_sum(model.grads().data(), grad_shard.data(), shard_len);
       float* mine = p + static_cast<size_t>(g.dp_rank) * shard_len;
-      opt.update(mine, grad_shard.data(), step);
+      opt.update(mine, grad_shard.data(), run_step);  // the moments start with this run
       g.dp_group->all_gather_inplace(p, shard_len);
     } else {
-      opt.update(p, model.grads().data(), step);
+      opt.update(p, model.grads().data(), run_step);
     }
 
     // Loss of the global batch: the last stage's tp rank 0 of every replica contributes.
@@ -259,10 +286,10 @@ int run_train(const TrainOptions& o) {
     }
     if (show_progress) {
       const double el = now_s() - t_start;
-      const int width = 30, done = width * step / o.steps;
+      const int width = 30, done = width * run_step / o.steps;
       std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f eta %.1fs ", done, "==============================",
-                   width - done, "", step, o.steps, loss, el / step * (o.steps - step));
-      if (step == o.steps) std::fprintf(stderr, "\n");
+                   width - done, "", step, loaded_step + o.steps, loss, el / run_step * (o.steps - run_step));
+      if (run_step == o.steps) std::fprintf(stderr, "\n");
       std::fflush(stderr);
     }
   }
@@ -273,7 +300,7 @@ int run_train(const TrainOptions& o) {
     // checkpoint, to every rank when the job generates afterwards.
     Checkpoint ck;
     ck.config = o.model;
-    ck.step = o.steps;
+    ck.step = loaded_step + o.steps;
     std::vector<float> mine(full_param_count(o.model), 0.0f);
     if (g.dp_rank == 0) model.store_full(mine.data(), /*owned_only=*/true);
     if (o.generate > 0) {
@@ -288,7 +315,19 @@ int run_train(const TrainOptions& o) {
       if (!st.is_ok()) return fail(st.to_string());
       std::printf("# saved %s (%zu parameters, step %d)\n", o.ckpt.c_str(), ck.params.size(), ck.step);
     }
-    if (o.generate > 0 && g.pp_rank == 0 && g.dp_rank == 0) {
+    // Ranks that do not generate wait for the ones that do token by token:
+    // one small allreduce per token over the world keeps every wait under
+    // the deadline however long the text. Regression: they waited in one
+    // allreduce for the whole generation and timed out (LOOM_TIMEOUT or
+    // --timeout), and the text was lost.
+    const bool generates = g.pp_rank == 0 && g.dp_rank == 0;
+    auto heartbeat = [&g] {
+      double beat = 0;
+      g.world->allreduce_sum(&beat, 1);
+    };
+    if (o.generate > 0 && !generates)
+      for (int i = 0; i < o.generate; ++i) heartbeat();
+    if (o.generate > 0 && generates) {
       // The first replica's first-stage ranks form a tp group: they serve the
       // whole model, tensor-parallel, as `loom-harness generate --tp` would.
       Shard whole;
@@ -302,7 +341,9 @@ int run_train(const TrainOptions& o) {
       go.tokens = o.generate;
       go.top_k = o.top_k;
       go.seed = o.seed;
+      go.on_token = heartbeat;
       if (rank0) std::printf("# generating %d tokens on the tp group of rank 0 (tp %d)\n", o.generate, g.tp);
+      std::fflush(stdout);
       generate_and_report(server, *g.tp_group, stats, go);
     }
   }

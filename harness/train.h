@@ -21,7 +21,7 @@ struct TrainOptions {
   int steps = 20;
   int batch = 8;         // global batch, sequences
   int seq = 64;          // tokens per sequence
-  int micro = 0;         // micro-batches per step per dp rank; 0 = 2*pp (1 without pp)
+  int micro = 0;         // micro-batches per step per dp rank; 0 = largest divisor of batch/dp <= 2*pp (1 without pp)
   uint64_t seed = 1;
   bool zero = false;     // ZeRO: reduce_scatter grads, sharded AdamW, all_gather params
   bool gpipe = false;    // GPipe schedule instead of 1F1B

@@ -168,4 +168,59 @@ TEST_F(HarnessGolden, InjectedHangEndsInLoomTimeout) {
   EXPECT_NE(r.out.find("Timeout"), std::string::npos) << r.out;
 }
 
+// Generation after training that outlasts the deadline: the ranks that do
+// not generate keep pace token by token. Regression: they waited in one
+// allreduce for the whole text, timed out, and the text was lost.
+TEST_F(HarnessGolden, GenerationLongerThanTheDeadlineCompletes) {
+  const Proc r = run_cmd("timeout 120 " + loomrun() + " --no-prefix -n 2 -- " + harness() +
+                         " train --no-progress --pp 2 --steps 1 --batch 2 --seq 8 --dim 256 --heads 4 --layers 4 "
+                         "--ctx 256 --generate 200 --timeout 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(generated(r.out).empty()) << r.out;
+  // The run must really outlast the deadline for this to test anything.
+  double decode_ms = 0;
+  const size_t at = r.out.find("decode 200 tokens ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::sscanf(r.out.c_str() + at, "decode 200 tokens %lf ms", &decode_ms);
+  EXPECT_GT(decode_ms, 1000) << "generation was faster than the deadline; make the model bigger\n" << r.out;
+}
+
+// --load continues: steps (and data) go on from the checkpoint's, and the
+// new checkpoint carries the total. Regression: steps restarted at 1.
+TEST_F(HarnessGolden, LoadContinuesTheStepCount) {
+  const fs::path a = *dir_ / "first.bin", b = *dir_ / "second.bin";
+  const Proc r1 = run_cmd(harness() + " train --no-progress --steps 2 --ckpt " + a.string());
+  ASSERT_EQ(r1.status, 0) << r1.out;
+  const Proc r2 = run_cmd(harness() + " train --no-progress --steps 2 --load " + a.string() + " --ckpt " + b.string());
+  ASSERT_EQ(r2.status, 0) << r2.out;
+  EXPECT_NE(r2.out.find("step 3 loss"), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("step 4 loss"), std::string::npos) << r2.out;
+  EXPECT_EQ(r2.out.find("step 1 loss"), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("step 4)"), std::string::npos) << "saved with the total step count\n" << r2.out;
+}
+
+// The default micro-batch count divides the local batch. Regression: with
+// --pp 2 --batch 6 it was 4 and the run refused to start.
+TEST_F(HarnessGolden, DefaultMicroBatchesDivideTheBatch) {
+  const Proc r = run_cmd(loomrun() + " --no-prefix -n 2 -- " + harness() +
+                         " train --no-progress --pp 2 --batch 6 --layers 3 --steps 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(3 micro-batches of 2)"), std::string::npos) << r.out;
+}
+
+// --inject-hang that could only hang for good or do nothing is refused.
+TEST_F(HarnessGolden, InjectHangThatCannotWorkIsRefused) {
+  const Proc alone = run_cmd("timeout 60 " + harness() + " train --no-progress --steps 2 --inject-hang 0:1 --timeout 1");
+  EXPECT_NE(alone.status, 0) << alone.out;
+  EXPECT_NE(alone.status, 124) << "a lone rank hung for good:\n" << alone.out;
+  EXPECT_NE(alone.out.find("needs more than one rank"), std::string::npos) << alone.out;
+  const Proc nobody = run_cmd("timeout 60 " + loomrun() + " --no-prefix -n 2 -- " + harness() +
+                              " train --no-progress --dp 2 --steps 1 --inject-hang 5:1");
+  EXPECT_NE(nobody.status, 0) << nobody.out;
+  EXPECT_NE(nobody.out.find("rank 5 does not exist"), std::string::npos) << nobody.out;
+  const Proc junk = run_cmd(harness() + " train --no-progress --steps 1 --inject-hang 1:3x");
+  EXPECT_NE(junk.status, 0) << junk.out;
+  EXPECT_NE(junk.out.find("--inject-hang wants RANK:STEP"), std::string::npos) << junk.out;
+}
+
 }  // namespace

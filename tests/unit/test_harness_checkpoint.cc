@@ -108,5 +108,42 @@ TEST_F(HarnessCheckpoint, DamagedFilesAreRefused) {
   EXPECT_FALSE(save_checkpoint(path("bad.bin"), ck).is_ok());
 }
 
+// A header that promises more than the file holds is refused before
+// anything is allocated; sizes far out of range are refused outright.
+// Regression: ctx = 2^30 ended in std::bad_alloc (std::terminate).
+TEST_F(HarnessCheckpoint, AHeaderPromisingMoreThanTheFileHoldsIsRefused) {
+  auto write_header = [&](const char* name, const int32_t (&hdr)[6], int64_t count) {
+    std::ofstream f(path(name), std::ios::binary);
+    f.write("LOOMGPT1", 8);
+    f.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
+    f.write(reinterpret_cast<const char*>(&count), sizeof count);
+    const float some[4] = {1, 2, 3, 4};
+    f.write(reinterpret_cast<const char*>(some), sizeof some);
+  };
+  ModelConfig huge = cfg_;
+  huge.ctx = 1 << 30;
+  const int32_t big[6] = {huge.vocab, huge.ctx, huge.layers, huge.dim, huge.heads, 5};
+  write_header("huge.bin", big, 0);
+  Result<Checkpoint> r = load_checkpoint(path("huge.bin"));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("out of range"), std::string::npos) << r.status().to_string();
+
+  const int32_t fits[6] = {cfg_.vocab, cfg_.ctx, cfg_.layers, cfg_.dim, cfg_.heads, 5};
+  write_header("short.bin", fits, static_cast<int64_t>(full_param_count(cfg_)));
+  r = load_checkpoint(path("short.bin"));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("the header promises"), std::string::npos) << r.status().to_string();
+}
+
+// A save that fails leaves no temporary file. Regression: path.tmp stayed.
+TEST_F(HarnessCheckpoint, AFailedSaveLeavesNoTemporaryFile) {
+  Checkpoint ck;
+  ck.config = cfg_;
+  ck.params = init_full_params(cfg_, 1);
+  fs::create_directories(dir_ / "taken");  // rename onto a directory fails
+  EXPECT_FALSE(save_checkpoint(path("taken"), ck).is_ok());
+  EXPECT_FALSE(fs::exists(path("taken.tmp")));
+}
+
 }  // namespace
 }  // namespace loom::harness
