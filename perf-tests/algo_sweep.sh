@@ -216,7 +216,8 @@ for n in map(int, ranks):
     gamma = 1 / 8000.0
     beta = (m[s1] - 2 * (n - 1) * alpha - (n - 1) / n * s1 * gamma) / (2 * (n - 1) / n * s1)
     bw = 1 / (beta * 1e3) if beta > 0 else float("nan")
-    print(f"ring fit n={n}: LOOM_TUNE_ALPHA_US={alpha:.1f} LOOM_TUNE_BW_GBPS={bw:.2f}")
+    if not (bw > 0): print(f"ring fit n={n}: no bandwidth fit (the largest size is latency-bound)"); continue
+    print(f"ring fit n={n}: LOOM_TUNE_ALPHA_US={alpha:.3g} LOOM_TUNE_BW_GBPS={bw:.3g}")
 print()
 for n, bad, total in summary:
     print(f"{coll} n={n}: automatic choice within 10% of the best at {total-bad}/{total} sizes")

@@ -77,18 +77,19 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
                                                                init_abort));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
-  // The tuner's model of several hosts needs to know there are several (its
-  // default is one host with every rank on it, which hid the cost of the
-  // links between hosts): ranks per host from the bootstrap's host hashes.
+  // The tuner's model needs to know how many hosts there are: ranks per host
+  // from the bootstrap's host hashes, always (its default is one rank per
+  // GPU of the topology per host, which on one host with more ranks than
+  // GPUs made several hosts; regression TunerHosts.OneHostWithMoreRanksThan
+  // Gpus; before that it was one host for every job).
   topo::TunerOptions tuner_options;
   {
     std::vector<int> per_host(nranks, 0);
     for (int i = 0; i < nranks; ++i) ++per_host[c->host_of_rank_[i]];
-    const int hosts = static_cast<int>(std::count_if(per_host.begin(), per_host.end(), [](int k) { return k > 0; }));
-    if (hosts > 1) tuner_options.ranks_per_host = *std::max_element(per_host.begin(), per_host.end());
+    tuner_options.ranks_per_host = *std::max_element(per_host.begin(), per_host.end());
   }
   auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks, tuner_options);
-  if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO / LOOM_TUNER_PLUGIN)");
+  if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO, LOOM_TUNE_*, LOOM_TUNER_PLUGIN)");
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server

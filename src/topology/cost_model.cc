@@ -698,8 +698,11 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // working copy W in scratch (hypercube.cc). Measured, 8 ranks on 2
           // cores, 8 MiB: the ring 4.4-6.8 ms against halving 5.9-8.5 since
           // scratch is mapped: halving copies n/2 into FIFOs, the ring n/p.
+          // Far-first, as in the allreduce (hypercube.cc: mask p2 >> (j+1)):
+          // step j moves n/2^j over distance 2^(L-j). Regression: priced
+          // near-first, the crossing step at n/4 instead of n/2.
           for (int j = 1; j <= L; ++j) {
-            LinkCost l = x.lvl(j - 1);
+            LinkCost l = x.lvl(L - j);
             double m = n / std::ldexp(1.0, j);
             t += l.alpha_us + m * x.g() +
                  (j == 1 ? x.move(m, l.beta_us_per_byte, Land::kReduce)

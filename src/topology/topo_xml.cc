@@ -103,10 +103,26 @@ class Importer {
   }
 
   void import_cpu(const XmlElement& el) {
+    // NCCL keeps at most 256 nodes of a type. Every pair of CPUs gets an SMP
+    // link, so a hostile file of thousands of <cpu> lines cost minutes and
+    // gigabytes at init (4096 of them, 8 ranks: 23 s). Regression test:
+    // TopologyImport.TooManyCpusAreCapped.
+    if (static_cast<int>(numa_seen_.size()) >= kMaxCpus) {
+      if (!cpu_cap_warned_) warn(el, "more than " + std::to_string(kMaxCpus) + " <cpu> elements; the rest skipped");
+      cpu_cap_warned_ = true;
+      return;
+    }
     long numa = 0;
     const std::string* v = el.attr("numaid");
-    if (v == nullptr || !parse_long(*v, 0, 4095, numa)) {
+    // numaid -1: NUMA node unknown, as NCCL writes it where sysfs has none
+    // (virtual machines). Regression: such a <cpu> was skipped with every
+    // GPU and NIC under it. All -1 CPUs are one node.
+    if (v == nullptr || !parse_long(*v, -1, 4095, numa)) {
       warn(el, v == nullptr ? "<cpu> without numaid skipped" : "<cpu> numaid '" + *v + "' invalid; skipped");
+      return;
+    }
+    if (numa == -1 && unknown_numa_cpu_ >= 0) {
+      import_cpu_children(el, unknown_numa_cpu_);
       return;
     }
     if (!numa_seen_.insert(numa).second) {
@@ -129,6 +145,11 @@ class Importer {
       else warn(el, "<cpu> modelid '" + *a + "' invalid; ignored");
     }
     int id = add_node(std::move(cpu));
+    if (numa == -1) unknown_numa_cpu_ = id;
+    import_cpu_children(el, id);
+  }
+
+  void import_cpu_children(const XmlElement& el, int id) {
     for (const XmlElement& c : el.children) {
       if (c.name == "pci") import_pci(c, id);
       else if (c.name == "nic") import_nic(c, id, "", {});
@@ -431,6 +452,9 @@ class Importer {
   TopoGraph g_;
   std::vector<std::string> warnings_;
   std::set<long> numa_seen_;
+  int unknown_numa_cpu_ = -1;  // the node of the <cpu numaid="-1"> elements
+  static constexpr int kMaxCpus = 256;
+  bool cpu_cap_warned_ = false;
   std::set<std::string> busid_seen_;
   std::vector<PendingNvLink> nvlinks_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -65,12 +66,28 @@ Result<std::unique_ptr<Tuner>> Tuner::from_env(TopoGraph graph, int nranks, Tune
     t->set_calibration_requested(true);
   }
   // Measured parameters (perf-tests/algo_sweep.sh fits them) replace the topology's.
-  const char* alpha = std::getenv("LOOM_TUNE_ALPHA_US");
-  const char* bw = std::getenv("LOOM_TUNE_BW_GBPS");
-  const char* red = std::getenv("LOOM_TUNE_REDUCE_GBPS");
-  if (alpha != nullptr && *alpha != '\0' && bw != nullptr && *bw != '\0') {
-    Status st = t->calibrate(std::atof(alpha), std::atof(bw), red != nullptr ? std::atof(red) : 0.0);
-    if (!st.is_ok()) return st.with_context("LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS");
+  // Parsed strictly, each error naming its variable; one of the pair alone
+  // is an error. Regression: atof read "abc" as 0 (then "alpha 0 out of
+  // range"), and a lone or unparsable variable was dropped silently.
+  auto number = [](const char* name, double* out) -> Result<bool> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return false;
+    char* end = nullptr;
+    errno = 0;
+    *out = std::strtod(v, &end);
+    if (end == v || *end != '\0' || errno != 0 || !std::isfinite(*out))
+      return invalid_argument(std::string(name) + "='" + v + "' is not a number");
+    return true;
+  };
+  double alpha = 0, bw = 0, red = 0;
+  LOOM_ASSIGN_OR_RETURN(bool have_alpha, number("LOOM_TUNE_ALPHA_US", &alpha));
+  LOOM_ASSIGN_OR_RETURN(bool have_bw, number("LOOM_TUNE_BW_GBPS", &bw));
+  LOOM_ASSIGN_OR_RETURN(bool have_red, number("LOOM_TUNE_REDUCE_GBPS", &red));
+  if ((have_alpha || have_bw || have_red) && !(have_alpha && have_bw))
+    return invalid_argument("LOOM_TUNE_ALPHA_US and LOOM_TUNE_BW_GBPS go together (LOOM_TUNE_REDUCE_GBPS needs both)");
+  if (have_alpha) {
+    Status st = t->calibrate(alpha, bw, red);
+    if (!st.is_ok()) return st.with_context("LOOM_TUNE_ALPHA_US / LOOM_TUNE_BW_GBPS / LOOM_TUNE_REDUCE_GBPS");
   }
   if (const char* path = std::getenv("LOOM_TUNER_PLUGIN"); path != nullptr && *path != '\0') {
     RankTopology rt = map_ranks(t->graph_, nranks, options.ranks_per_host);
@@ -87,7 +104,8 @@ Status Tuner::load_plugin(const std::string& path, int nranks, int nhosts) {
 }
 
 Status Tuner::calibrate(double alpha_us, double bw_GBps, double gamma_GBps) {
-  if (!(alpha_us > 0 && alpha_us < 1e7) || !(bw_GBps > 0 && bw_GBps < 1e5) || gamma_GBps < 0) {
+  // alpha 0: a latency below what was measured (algo_sweep.sh rounds).
+  if (!(alpha_us >= 0 && alpha_us < 1e7) || !(bw_GBps > 0 && bw_GBps < 1e5) || !(gamma_GBps >= 0)) {
     return invalid_argument("tuner calibration: alpha " + std::to_string(alpha_us) + " us / bandwidth " +
                             std::to_string(bw_GBps) + " GB/s out of range");
   }

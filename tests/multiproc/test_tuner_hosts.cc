@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 
 #include "common/test_util.h"
@@ -50,6 +51,31 @@ void expect_hosts(int hosts) {
 
 TEST(TunerHosts, TwoHostsOfTwoRanks) { expect_hosts(2); }
 TEST(TunerHosts, OneHost) { expect_hosts(1); }
+
+// One host whose topology has fewer GPUs than ranks (CPU collectives on a
+// GPU machine, or a topology file): still one host. Regression: the tuner
+// defaulted to one rank per GPU per host, so 4 ranks over 2 GPUs were
+// priced as 2 hosts joined by a network.
+TEST(TunerHosts, OneHostWithMoreRanksThanGpus) {
+  const std::string file = "/tmp/loom-tuner-hosts-" + std::to_string(getpid()) + ".xml";
+  {
+    FILE* f = fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fputs("<system version=\"1\">\n"
+          "  <cpu numaid=\"0\" arch=\"x86_64\">\n"
+          "    <pci busid=\"0000:01:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+          "<gpu dev=\"0\" sm=\"90\" rank=\"0\" gdr=\"1\"/></pci>\n"
+          "    <pci busid=\"0000:02:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+          "<gpu dev=\"1\" sm=\"90\" rank=\"1\" gdr=\"1\"/></pci>\n"
+          "  </cpu>\n"
+          "</system>\n", f);
+    fclose(f);
+  }
+  setenv("LOOM_TOPO_FILE", file.c_str(), 1);
+  expect_hosts(1);
+  unsetenv("LOOM_TOPO_FILE");
+  std::remove(file.c_str());
+}
 
 }  // namespace
 }  // namespace loom

@@ -157,6 +157,18 @@ TEST(TopologyImport, SemanticProblemsWarnAndSkip) {
   for (const TopoLink& l : g.links) EXPECT_TRUE(l.bw > 0 && l.bw < 1000) << l.bw;
 }
 
+TEST(TopologyImport, TooManyCpusAreCapped) {
+  QuietTopo quiet;
+  std::string text = "<system version=\"1\">\n";
+  for (int i = 0; i < 300; ++i) text += "  <cpu numaid=\"" + std::to_string(i) + "\"/>\n";
+  text += "</system>\n";
+  auto r = graph_from_xml_text(text, "many.xml");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().graph.count(NodeType::kCpu), 256);
+  ASSERT_EQ(r.value().warnings.size(), 1u);
+  EXPECT_NE(r.value().warnings[0].find("more than 256 <cpu> elements"), std::string::npos) << r.value().warnings[0];
+}
+
 TEST(TopologyImport, NoUsableCpuStillGivesOneNode) {
   QuietTopo quiet;
   auto r = graph_from_xml_text("<system><cpu/><bogus/></system>", "t");
@@ -213,6 +225,28 @@ const char* kRichXml = R"(<system version="1">
   </cpu>
 </system>
 )";
+
+// NCCL writes numaid="-1" where sysfs knows no NUMA node (VMs, e.g. an H200
+// VM's dump in nccl-tests issue 256). Regression: such a <cpu> was skipped
+// with every GPU and NIC under it (0 GPUs). All of them are one CPU node.
+TEST(TopologyImport, UnknownNumaCpuKeepsItsDevices) {
+  const std::string text =
+      "<system version=\"1\">\n"
+      "  <cpu numaid=\"-1\" arch=\"x86_64\">\n"
+      "    <pci busid=\"0000:01:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"><gpu dev=\"0\" sm=\"90\" rank=\"0\" gdr=\"1\"/></pci>\n"
+      "  </cpu>\n"
+      "  <cpu numaid=\"-1\" arch=\"x86_64\">\n"
+      "    <pci busid=\"0000:02:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"><gpu dev=\"1\" sm=\"90\" rank=\"1\" gdr=\"1\"/></pci>\n"
+      "  </cpu>\n"
+      "</system>\n";
+  auto r = graph_from_xml_text(text, "vm.xml");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kCpu), 1);
+  EXPECT_EQ(g.count(NodeType::kGpu), 2);
+  expect_round_trip(g);
+}
 
 TEST(TopologyImport, NvLinksNvSwitchAndNicsAreModelled) {
   auto r = graph_from_xml_text(kRichXml, "rich");

@@ -697,6 +697,20 @@ TEST(TunerModel, CrossHostLevelsShareTheHostLink) {
               est(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, p, one), 1e-9);
 }
 
+// Halving reduce_scatter runs far-first (hypercube.cc: mask p2 >> (j+1)):
+// its first, largest step (n/2) crosses the hosts. Regression: the model
+// priced it near-first (the crossing step at n/4), so it looked cheaper
+// across hosts than its mirror all_gather and was chosen over the ring.
+TEST(TunerModel, HalvingReduceScatterCrossesHostsInItsFirstStep) {
+  const int p = 4;
+  const double b = 1e-3, n = 1 << 20;
+  CommCost one = uniform(p), two = uniform(p);
+  two.nhosts = 2;  // level 1 (partners 2 apart) crosses: its beta doubles
+  const double extra = est(AlgoKind::kRabenseifner, Collective::kReduceScatter, 1 << 20, p, two) -
+                       est(AlgoKind::kRabenseifner, Collective::kReduceScatter, 1 << 20, p, one);
+  EXPECT_NEAR(extra, n / 2 * b, 1e-6);
+}
+
 TEST(TunerSelect, SmallMessagesLatencyOptimalLargeRing) {
   Tuner t(flat_host());
   const int p = 8;

@@ -125,6 +125,43 @@ TEST(AlgoOverride, FromEnvironment) {
   unsetenv("LOOM_TUNE_CALIBRATE");
 }
 
+// LOOM_TUNE_* are parsed strictly and named in errors; alpha 0 (what
+// algo_sweep.sh printed for small alphas, rounded) is accepted. Regression:
+// atof read "abc" as 0, alpha 0 failed every init, and a lone or
+// unparsable variable was ignored silently.
+TEST(AlgoOverride, TuneVariablesAreParsedStrictly) {
+  struct Case {
+    const char *alpha, *bw, *red;
+    const char* error;  // nullptr: accepted
+  };
+  const Case cases[] = {
+      {"0.0", "2.78", nullptr, nullptr},
+      {"1.5", "2.78", "8", nullptr},
+      {"abc", "2.78", nullptr, "LOOM_TUNE_ALPHA_US='abc' is not a number"},
+      {"1.5", "nan", nullptr, "LOOM_TUNE_BW_GBPS='nan' is not a number"},
+      {"1.5", "2.78", "fast", "LOOM_TUNE_REDUCE_GBPS='fast' is not a number"},
+      {"1.5", nullptr, nullptr, "go together"},
+      {nullptr, nullptr, "8", "go together"},
+  };
+  for (const Case& k : cases) {
+    auto set = [](const char* name, const char* v) { v ? setenv(name, v, 1) : unsetenv(name); };
+    set("LOOM_TUNE_ALPHA_US", k.alpha);
+    set("LOOM_TUNE_BW_GBPS", k.bw);
+    set("LOOM_TUNE_REDUCE_GBPS", k.red);
+    auto t = Tuner::from_env(flat_host(), 4);
+    const std::string label = std::string(k.alpha ? k.alpha : "-") + "/" + (k.bw ? k.bw : "-") + "/" + (k.red ? k.red : "-");
+    if (k.error == nullptr) {
+      EXPECT_TRUE(t.is_ok()) << label << ": " << t.status().to_string();
+    } else {
+      ASSERT_FALSE(t.is_ok()) << label;
+      EXPECT_NE(t.status().message().find(k.error), std::string::npos) << label << ": " << t.status().to_string();
+    }
+  }
+  unsetenv("LOOM_TUNE_ALPHA_US");
+  unsetenv("LOOM_TUNE_BW_GBPS");
+  unsetenv("LOOM_TUNE_REDUCE_GBPS");
+}
+
 Collective collective_named(const std::string& name) {
   for (int c = 0; c < kNumCollectives; ++c)
     if (name == collective_name(static_cast<Collective>(c))) return static_cast<Collective>(c);
