@@ -1,5 +1,7 @@
 #include "perf_report.h"
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,15 +65,19 @@ void Report::begin(const std::vector<std::string>& extra) {
   const Options& o = info_.opts;
   printf("# Loom %s: %d ranks, bootstrap %s\n", bench_binary(info_.bench), info_.nranks, info_.bootstrap.c_str());
   if (o.sizes.empty()) {
-    printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d agg iters: %d "
+    // The step as nccl-tests prints it: the factor, or whole bytes
+    // (regression: %g printed 1 MiB as 1.04858e+06).
+    const std::string step = o.factor > 0 ? fmt::format("{:g}(factor)", o.factor) : fmt::format("{}(bytes)", o.step);
+    printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d agg iters: %d "
            "validation: %d graph: 0\n",
-           o.min_bytes, o.max_bytes, o.factor > 0 ? o.factor : double(o.step), o.factor > 0 ? "factor" : "bytes",
-           o.warmup, o.iters, o.agg, o.check);
+           o.min_bytes, o.max_bytes, step.c_str(), o.warmup, o.iters, o.agg, o.check);
   } else {
     printf("# nThread 1 nGpus 0 sizes: %zu listed warmup iters: %d iters: %d agg iters: %d validation: %d graph: 0\n",
            o.sizes.size(), o.warmup, o.iters, o.agg, o.check);
   }
-  if (o.blocking) printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
+  // Loom waits for each op but, unlike nccl-tests -z 1, runs no barrier
+  // after it (the time is the op's own); the header said it did.
+  if (o.blocking) printf("# Blocking Enabled: wait for completion after each collective (no barrier)\n");
   if (o.fresh) printf("# Fresh inputs: the send buffer is rewritten before every operation (untimed)\n");
   if (o.local_register)
     printf("# Buffers: loom::mem_alloc (-R %d): peers map them and read them without process_vm_readv\n",
@@ -97,7 +103,7 @@ void Report::print_row(const Row& r) {
   printf("%12zu  %12zu  %8s  %6s  %6d", r.size_bytes, r.count, type_label(o.dt),
          bench_reduces(info_.bench) ? redop_name(o.op) : "none", bench_rooted(info_.bench) ? o.root : -1);
   for (const Measure* m : {&r.out_of_place, &r.in_place}) {
-    if (m->wrong >= 0) printf("  %7s  %6.2f  %6.2f  %5g", time_text(m->time_us).c_str(), m->algbw, m->busbw, m->wrong);
+    if (m->wrong >= 0) printf("  %7s  %6.2f  %6.2f  %5.0f", time_text(m->time_us).c_str(), m->algbw, m->busbw, m->wrong);
     else printf("  %7s  %6.2f  %6.2f  %5s", time_text(m->time_us).c_str(), m->algbw, m->busbw, "N/A");
   }
   if (o.baseline_mpi) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cerrno>
+#include <climits>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -173,10 +176,16 @@ std::string env_string(const char* name, const std::string& def) {
 }
 
 bool parse_bytes(const std::string& text, uint64_t* out) {
-  if (text.empty()) return false;
+  // Digits (a fraction only with a suffix: 1.5K), then K/M/G with an
+  // optional B. Regression: strtoull took "-8" as 2^64 - 8, and overflowed
+  // products wrapped.
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.')) return false;
   char* end = nullptr;
-  unsigned long long x = std::strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str()) return false;
+  errno = 0;
+  const bool fraction = text.find('.') != std::string::npos;
+  const double xf = fraction ? std::strtod(text.c_str(), &end) : 0.0;
+  const unsigned long long x = fraction ? 0 : std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str() || (!fraction && errno == ERANGE && x == ULLONG_MAX)) return false;
   uint64_t mult = 1;
   if (*end) {
     switch (*end) {
@@ -188,7 +197,16 @@ bool parse_bytes(const std::string& text, uint64_t* out) {
     ++end;
     if (*end == 'B' || *end == 'b') ++end;
     if (*end) return false;
+  } else if (fraction) {
+    return false;  // "1.5" bytes
   }
+  if (fraction) {
+    const double v = xf * static_cast<double>(mult);
+    if (!(v >= 0) || v >= 18446744073709551615.0) return false;
+    *out = static_cast<uint64_t>(v);
+    return true;
+  }
+  if (x > UINT64_MAX / mult) return false;
   *out = x * mult;
   return true;
 }

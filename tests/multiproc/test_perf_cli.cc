@@ -250,8 +250,13 @@ TEST_F(PerfCli, HugePageBuffers) {
 }
 
 TEST_F(PerfCli, BadArgumentsAreRejected) {
-  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f 1").rc, 2);
+  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -f x").rc, 2);
+  EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -b -8").rc, 2) << "a negative size wrapped to 2^64 - 8";
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -a 7").rc, 2);
+  // The MPI side times one call per iteration: not comparable with -m > 1.
+  Outcome m = run(bin_dir() + "/all_reduce_perf --baseline mpi -m 4");
+  EXPECT_EQ(m.rc, 2);
+  EXPECT_NE(m.out.find("use it with -m 1"), std::string::npos) << m.out;
   EXPECT_EQ(run(bin_dir() + "/all_reduce_perf -b 2M -e 1M").rc, 2);
   Outcome h = run(bin_dir() + "/all_reduce_perf --help");
   EXPECT_EQ(h.rc, 0);
@@ -260,6 +265,20 @@ TEST_F(PerfCli, BadArgumentsAreRejected) {
   Outcome a = run(loomrun(2) + "all_reduce_perf -b 8 -e 8 -A no_such_algo");
   EXPECT_NE(a.rc, 0);
   EXPECT_NE(a.out.find("no_such_algo"), std::string::npos) << a.out;
+}
+
+// nccl-tests' stepping: -f 1 (or less) adds -i bytes per row; the header
+// prints the step in whole bytes; a fractional size with a suffix is read.
+// Regression: -f 1 was refused, the step printed as 1.04858e+06, 1.5K
+// refused.
+TEST_F(PerfCli, StepFactorOneAddsTheStepBytes) {
+  Outcome r = run(loomrun(2) + "all_reduce_perf -b 1.5K -e 3584 -f 1 -i 1K -n 2 -w 1 -c 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("step: 1024(bytes)"), std::string::npos) << r.out;
+  std::vector<std::string> sizes;
+  for (const auto& l : lines(r.out))
+    if (!l.empty() && l[0] != '#') sizes.push_back(fields(l, ' ').front());
+  EXPECT_EQ(sizes, (std::vector<std::string>{"1536", "2560", "3584"})) << r.out;
 }
 
 // --ab: per size, this run's algorithm against another on a second
