@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/comm_impl.h"
 #include "shim/shim.h"
 
 namespace loom::shim {
@@ -126,6 +127,11 @@ Status issue_ops(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done);
 
 Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done) {
   Status st = issue_ops(comm, ops, done);
+  // Stream gates no loom op took: a call that enqueued nothing (a one-rank
+  // Gather/Scatter) or a batch loom refused. Finished here, or the stream's
+  // host function waits for them for good (regressions: NcclStream.OneRank
+  // GatherAndScatterPassTheStream, NcclStream.ARefusedGroupCallPassesTheStream).
+  comm->comm->impl()->drop_start_gates(st);
   for (PendingOp& op : ops)
     if (op.after_batch) op.after_batch(st);
   return st;
