@@ -26,6 +26,7 @@ enum class StatusCode : int {
   kAborted,           // the communicator was aborted locally
   kInternal,          // a Loom bug
   kInProgress,        // non-blocking operation not finished yet
+  kCudaError,         // the CUDA runtime failed a call (message names it)
 };
 
 const char* status_code_name(StatusCode code);
@@ -75,6 +76,7 @@ inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgu
 inline Status invalid_usage(std::string m) { return {StatusCode::kInvalidUsage, std::move(m)}; }
 inline Status not_supported(std::string m) { return {StatusCode::kNotSupported, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status cuda_error(std::string m) { return {StatusCode::kCudaError, std::move(m)}; }
 inline Status remote_error(std::string m) { return {StatusCode::kRemoteError, std::move(m)}; }
 inline Status timeout_error(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
 inline Status aborted_error(std::string m) { return {StatusCode::kAborted, std::move(m)}; }

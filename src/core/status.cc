@@ -16,6 +16,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kAborted: return "Aborted";
     case StatusCode::kInternal: return "Internal";
     case StatusCode::kInProgress: return "InProgress";
+    case StatusCode::kCudaError: return "CudaError";
   }
   return "Unknown";
 }

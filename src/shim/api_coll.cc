@@ -142,7 +142,7 @@ Status launch_on_stream(ncclComm* c, const cuda::CudaRuntimeApi& rt, cudaStream_
       cuda::CudaError e = rt.launch_host_func(cs, &stream_reached_async, arg);
       if (e != cuda::kCudaSuccess) {
         delete arg;
-        return internal_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
+        return cuda_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
       }
       if (int r = rt.stream_wait_value32(cs, addr, 1, cuda::kCuStreamWaitValueGeq); r != 0) {
         static std::once_flag warned;
@@ -163,7 +163,7 @@ Status launch_on_stream(ncclComm* c, const cuda::CudaRuntimeApi& rt, cudaStream_
   cuda::CudaError e = rt.launch_host_func(reinterpret_cast<cuda::CudaStream>(stream), &stream_reached, arg);
   if (e == cuda::kCudaSuccess) return Status::ok();
   delete arg;
-  return internal_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
+  return cuda_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
 }
 
 struct ResolvedOp {

@@ -158,8 +158,7 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
       void* p = nullptr;
       const cuda::CudaError e = rt->malloc_device(&p, size);
       if (e != cuda::kCudaSuccess)
-        return Status(StatusCode::kSystemError,
-                      "cudaMalloc(" + std::to_string(size) + " bytes) failed: " + cl.error_text(e));
+        return cuda_error("cudaMalloc(" + std::to_string(size) + " bytes) failed: " + cl.error_text(e));
       *ptr = p;
       return Status::ok();
     }
@@ -190,7 +189,7 @@ extern "C" ncclResult_t pncclMemFree(void* ptr) {
       if (rt->pointer_get_attributes(&a, ptr) == cuda::kCudaSuccess && a.type == cuda::CudaMemoryType::kDevice) {
         const cuda::CudaError e = rt->free_device(ptr);
         if (e != cuda::kCudaSuccess)
-          return Status(StatusCode::kSystemError, "cudaFree failed: " + cl.error_text(e));
+          return cuda_error("cudaFree failed: " + cl.error_text(e));
         return Status::ok();
       }
     }

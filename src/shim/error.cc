@@ -33,6 +33,9 @@ ncclResult_t to_nccl(StatusCode code) {
     case StatusCode::kAborted: return ncclInvalidUsage;
     case StatusCode::kInternal: return ncclInternalError;
     case StatusCode::kInProgress: return ncclInProgress;
+    // As NCCL: a failing CUDA runtime call is ncclUnhandledCudaError.
+    // Regression: they were ncclInternalError ("a Loom bug") or ncclSystemError.
+    case StatusCode::kCudaError: return ncclUnhandledCudaError;
   }
   return ncclInternalError;
 }

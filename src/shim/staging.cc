@@ -59,7 +59,7 @@ Result<std::shared_ptr<StagingLease>> StagingPool::take(size_t bytes) {
   }
   void* p = nullptr;
   if (cuda::CudaError e = rt_.malloc_host(&p, cls); e != cuda::kCudaSuccess || p == nullptr)
-    return internal_error("cudaMallocHost(" + std::to_string(cls) + " bytes) for a staging buffer failed: " +
+    return cuda_error("cudaMallocHost(" + std::to_string(cls) + " bytes) for a staging buffer failed: " +
                           cuda_text(e));
   std::lock_guard<std::mutex> lk(mu_);
   ++allocated_;
@@ -139,7 +139,7 @@ Result<void*> StagePlan::map(const void* p, size_t bytes, bool read, bool write)
 Status StagePlan::enqueue_copy_in(cuda::CudaStream stream) {
   for (const Copy& c : in_) {
     cuda::CudaError e = rt_.memcpy_async(c.dst, c.src, c.bytes, cuda::kCudaMemcpyDefault, stream);
-    if (e != cuda::kCudaSuccess) return internal_error("cudaMemcpyAsync to a staging buffer failed: " + cuda_text(e));
+    if (e != cuda::kCudaSuccess) return cuda_error("cudaMemcpyAsync to a staging buffer failed: " + cuda_text(e));
   }
   return Status::ok();
 }
@@ -148,7 +148,7 @@ Status StagePlan::enqueue_copy_out(cuda::CudaStream stream) {
   for (const Copy& c : out_) {
     cuda::CudaError e = rt_.memcpy_async(c.dst, c.src, c.bytes, cuda::kCudaMemcpyDefault, stream);
     if (e != cuda::kCudaSuccess)
-      return internal_error("cudaMemcpyAsync from a staging buffer failed: " + cuda_text(e));
+      return cuda_error("cudaMemcpyAsync from a staging buffer failed: " + cuda_text(e));
   }
   return Status::ok();
 }
@@ -164,7 +164,7 @@ Status keep_until_passed(const cuda::CudaRuntimeApi& rt, cuda::CudaStream stream
   // The stream may still use the memory: keep it (leaked) rather than reuse
   // memory a copy may still be writing.
   LOOM_WARN(kLogColl, "cudaLaunchHostFunc to release staging memory failed ({}); the memory is leaked", cuda_text(e));
-  return internal_error("cudaLaunchHostFunc failed: " + cuda_text(e));
+  return cuda_error("cudaLaunchHostFunc failed: " + cuda_text(e));
 }
 
 Status StagePlan::enqueue_release(cuda::CudaStream stream, std::shared_ptr<StagePlan> self) {

@@ -262,4 +262,15 @@ TEST(NcclStream, ARefusedGroupCallPassesTheStream) {
   expect_stream_passes(after, 1, "a refused group call");
 }
 
+// A CUDA runtime call that fails is ncclUnhandledCudaError, as in NCCL.
+// Regression: ncclInternalError ("a Loom bug, please report it").
+TEST(NcclStream, CudaRuntimeFailuresAreUnhandledCudaErrors) {
+  std::vector<float> buf(16, 1.0f);
+  loom::testing::StreamWorld<1> w(mock());
+  auto bogus = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(0xdead0));
+  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, w.c[0], bogus), ncclUnhandledCudaError);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("cudaLaunchHostFunc failed"), std::string::npos)
+      << ncclGetLastError(w.c[0]);
+}
+
 }  // namespace
