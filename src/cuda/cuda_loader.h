@@ -63,6 +63,8 @@ struct CudaRuntimeApi {
   // ncclMemAlloc returns GPU memory; without these Loom hands out host memory).
   CudaError (*malloc_device)(void** ptr, size_t bytes) = nullptr;  // cudaMalloc
   CudaError (*free_device)(void* ptr) = nullptr;                   // cudaFree
+  // Optional: cudaStreamIsCapturing (status: 0 none, 1 active, 2 invalidated).
+  CudaError (*stream_is_capturing)(CudaStream stream, int* status) = nullptr;
   bool can_stage() const { return memcpy_async != nullptr && malloc_host != nullptr && free_host != nullptr; }
 };
 inline constexpr int kCudaMemcpyDefault = 4;      // cudaMemcpyKind: direction from the pointers (UVA)

@@ -385,6 +385,17 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     return submit(c, std::move(op));
   }
   auto cs = reinterpret_cast<cuda::CudaStream>(stream);
+  // A call captured into a CUDA graph would be recorded once (the loom op
+  // enqueued at capture time, host functions whose arguments the first
+  // replay frees) and replayed without Loom: memory corruption on the
+  // second replay. Refused with the reason instead (NCCL supports capture;
+  // Loom does not yet). Regression: NcclStream.CapturedCallsAreRefused.
+  if (rt->stream_is_capturing != nullptr) {
+    int capturing = 0;
+    if (rt->stream_is_capturing(cs, &capturing) == cuda::kCudaSuccess && capturing != 0)
+      return invalid_usage("the stream is being captured into a CUDA graph, which Loom does not support: run the "
+                           "collective outside the capture (e.g. disable CUDA graphs for it)");
+  }
   if (in_group()) {
     // Issued at GroupEnd (group.cc), inside the group's one loom op. Each
     // call's copies in go on the stream as it is issued; after the batch

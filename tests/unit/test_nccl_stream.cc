@@ -273,4 +273,17 @@ TEST(NcclStream, CudaRuntimeFailuresAreUnhandledCudaErrors) {
       << ncclGetLastError(w.c[0]);
 }
 
+// A call on a stream being captured into a CUDA graph is refused with the
+// reason: recorded once and replayed without Loom it would corrupt memory.
+TEST(NcclStream, CapturedCallsAreRefused) {
+  ASSERT_NE(mock().set_capturing, nullptr);
+  std::vector<float> buf(16, 1.0f);
+  loom::testing::StreamWorld<1> w(mock());
+  ASSERT_EQ(mock().set_capturing(w.s[0], 1), 0);
+  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, w.c[0], w.s[0]), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("CUDA graph"), std::string::npos) << ncclGetLastError(w.c[0]);
+  ASSERT_EQ(mock().set_capturing(w.s[0], 0), 0);
+  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, w.c[0], w.s[0]), ncclSuccess);
+}
+
 }  // namespace

@@ -48,6 +48,8 @@ static_assert(std::is_same_v<decltype(&cudaPointerGetAttributes),
                              cudaError_t (*)(cudaPointerAttributes*, const void*)>);
 static_assert(std::is_same_v<decltype(&cudaLaunchHostFunc), cudaError_t (*)(cudaStream_t, cudaHostFn_t, void*)>);
 static_assert(std::is_same_v<decltype(&cudaGetErrorString), const char* (*)(cudaError_t)>);
+static_assert(std::is_same_v<decltype(&cudaStreamIsCapturing), cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus*)>);
+static_assert(sizeof(cudaStreamCaptureStatus) == sizeof(int) && cudaStreamCaptureStatusNone == 0);
 static_assert(std::is_same_v<cudaHostFn_t, void (*)(void*)>);
 // The optional staging entries (kind is cudaMemcpyKind, an int-sized enum).
 static_assert(std::is_same_v<decltype(&cudaMemcpyAsync),

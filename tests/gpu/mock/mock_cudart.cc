@@ -122,6 +122,11 @@ MockStream* stream_of(CudaStream s) {
 
 }  // namespace
 
+std::map<CudaStream, int>& capturing() {  // per stream, for cudaStreamIsCapturing
+  static std::map<CudaStream, int> m;
+  return m;
+}
+
 extern "C" {
 
 CudaError cudaGetDeviceCount(int* count) {
@@ -317,6 +322,22 @@ int cuStreamWaitValue32_v2(CudaStream stream, unsigned long long addr, unsigned 
   return 0;
 }
 #endif
+
+// cudaStreamIsCapturing: what loom_mock_stream_set_capturing set (0: none).
+CudaError cudaStreamIsCapturing(CudaStream stream, int* status) {
+  if (status == nullptr || stream_of(stream) == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = capturing().find(stream);
+  *status = it == capturing().end() ? 0 : it->second;
+  return 0;
+}
+// Test-only: pretend the stream is (1) or is not (0) being captured.
+CudaError loom_mock_stream_set_capturing(CudaStream stream, int status) {
+  if (stream_of(stream) == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lk(g_mu);
+  capturing()[stream] = status;
+  return 0;
+}
 
 // Test-only: after the stream's prior work, sleep delay_ms, then copy
 // `bytes` from src to dst (read when the copy runs, like cudaMemcpyAsync).

@@ -28,6 +28,7 @@ struct MockCudart {
   // After the stream's prior work, sleep delay_ms, then copy (test hook).
   int (*enqueue_copy)(cudaStream_t, void*, const void*, size_t, int) =
       sym<int (*)(cudaStream_t, void*, const void*, size_t, int)>("loom_mock_stream_enqueue_copy");
+  int (*set_capturing)(cudaStream_t, int) = sym<int (*)(cudaStream_t, int)>("loom_mock_stream_set_capturing");
   long (*host_live)() = sym<long (*)()>("loom_mock_host_allocs_live");
   long (*host_total)() = sym<long (*)()>("loom_mock_host_allocs_total");
 };
