@@ -364,14 +364,15 @@ std::shared_ptr<StreamOp> group_stream_op(ncclComm* c, cudaStream_t stream) {
 
 // Copies out what the op wrote (when it ran) and gives the staging back once
 // the stream is past the copies.
-void finish_plan(const std::shared_ptr<StagePlan>& plan, cudaStream_t stream, bool ran) {
-  if (plan == nullptr) return;
+// A failed copy out is the call's error (regression: only logged, and the
+// call returned ncclSuccess with the device buffer never written).
+Status finish_plan(const std::shared_ptr<StagePlan>& plan, cudaStream_t stream, bool ran) {
+  if (plan == nullptr) return Status::ok();
   auto cs = reinterpret_cast<cuda::CudaStream>(stream);
-  if (ran) {
-    if (Status s = plan->enqueue_copy_out(cs); !s.is_ok() && log_enabled(LogLevel::kWarn))
-      log(LogLevel::kWarn, s.to_string());
-  }
+  Status out;
+  if (ran) out = plan->enqueue_copy_out(cs);
   (void)plan->enqueue_release(cs, plan);
+  return out;
 }
 
 Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issue issue,
@@ -413,17 +414,22 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
       *issued = st.is_ok();
       return st;
     };
-    op.after_batch = [so, plan, c, stream, rt, issued](const Status& batch) {
+    op.after_batch = [so, plan, c, stream, rt, issued](const Status& batch) -> Status {
+      Status launched;
       if (so->gate_added && !so->launched) {
         so->launched = true;
         if (Status ls = launch_on_stream(c, *rt, stream, so); !ls.is_ok()) {
-          record_error(c, ls);
+          launched = ls;
           for (auto& f : so->before) f();
           so->gate->open();  // never leave the group's op waiting
+          // (Not waited for here: the op may need gates of later calls of
+          // the batch, launched by their after_batch. The copies out are
+          // then not ordered after it; the call reports the failure.)
         }
       }
       so->launched = true;
-      finish_plan(plan, stream, batch.is_ok() && *issued);
+      Status out = finish_plan(plan, stream, batch.is_ok() && *issued);
+      return launched.is_ok() ? out : launched;
     };
     return submit(c, std::move(op));
   }
@@ -434,7 +440,7 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
   };
   if (plan != nullptr) {
     if (Status ci = plan->enqueue_copy_in(cs); !ci.is_ok()) {
-      finish_plan(plan, stream, false);
+      (void)finish_plan(plan, stream, false);
       return ci;
     }
   }
@@ -446,7 +452,7 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     c->comm->impl()->drop_start_gates(st);
     so->gate->open();  // a partly enqueued call (Gather/Scatter) must not wait for a stream
     (void)done.wait();
-    finish_plan(plan, stream, false);
+    (void)finish_plan(plan, stream, false);
     return st;
   }
   so->done = std::move(done);
@@ -457,11 +463,10 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     so->gate->open();
     (void)so->gate->wait_finished();
     (void)so->done.wait();
-    finish_plan(plan, stream, true);
+    (void)finish_plan(plan, stream, true);
     return ls;
   }
-  finish_plan(plan, stream, true);
-  return Status::ok();
+  return finish_plan(plan, stream, true);
 }
 
 // Gather and Scatter have no loom collective: point-to-point in one loom

@@ -132,9 +132,16 @@ Status issue_batch(ncclComm* comm, std::vector<PendingOp>& ops, Completion& done
   // host function waits for them for good (regressions: NcclStream.OneRank
   // GatherAndScatterPassTheStream, NcclStream.ARefusedGroupCallPassesTheStream).
   comm->comm->impl()->drop_start_gates(st);
+  // Regression: an after_batch failure (cudaLaunchHostFunc, a copy out) was
+  // only logged and GroupEnd returned ncclSuccess (NcclStream.AGroupCall
+  // WhoseStreamFailsReportsIt).
+  Status after;
   for (PendingOp& op : ops)
-    if (op.after_batch) op.after_batch(st);
-  return st;
+    if (op.after_batch) {
+      Status a = op.after_batch(st);
+      if (after.is_ok()) after = a;
+    }
+  return st.is_ok() ? after : st;
 }
 
 namespace {

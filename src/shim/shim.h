@@ -65,7 +65,9 @@ struct PendingOp {
   // Optional: called by issue_batch once the whole batch was issued (or
   // failed, with its status), in batch order; for stream work that must
   // follow every call of the batch (api_coll.cc, CUDA streams).
-  std::function<void(const Status&)> after_batch;
+  // Its failure (a CUDA call) is the batch's error when the batch itself
+  // succeeded.
+  std::function<Status(const Status&)> after_batch;
 };
 
 // A PreMulSum operator made by ncclRedOpCreatePreMulSum.

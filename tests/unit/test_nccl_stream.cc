@@ -286,4 +286,18 @@ TEST(NcclStream, CapturedCallsAreRefused) {
   EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, w.c[0], w.s[0]), ncclSuccess);
 }
 
+// A group call whose stream cannot take its host function reports it from
+// GroupEnd. Regression: the failure was only logged and GroupEnd returned
+// ncclSuccess.
+TEST(NcclStream, AGroupCallWhoseStreamFailsReportsIt) {
+  std::vector<float> buf(16, 1.0f);
+  loom::testing::StreamWorld<1> w(mock());
+  auto bogus = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(0xdead0));
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, w.c[0], bogus), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclUnhandledCudaError);
+  EXPECT_NE(std::string(ncclGetLastError(w.c[0])).find("cudaLaunchHostFunc failed"), std::string::npos)
+      << ncclGetLastError(w.c[0]);
+}
+
 }  // namespace
