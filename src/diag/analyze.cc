@@ -152,6 +152,17 @@ bool from_mismatch(const Snapshot& s, Verdict* v) {
   return false;
 }
 
+// The peer an error names: the last "rank N" before `pos` (where errno's
+// text starts), other than the reporting rank; -1 if none.
+int peer_named_before(const std::string& msg, size_t pos, int self) {
+  static const std::regex rank_re(R"(rank (\d+))");
+  int peer = -1;
+  const std::string head = msg.substr(0, pos);
+  for (auto it = std::sregex_iterator(head.begin(), head.end(), rank_re); it != std::sregex_iterator(); ++it)
+    if (std::stoi((*it)[1]) != self) peer = std::stoi((*it)[1]);
+  return peer;
+}
+
 bool from_death(const Snapshot& s, Verdict* v) {
   static const std::regex died(R"(rank (\d+) \(pid (\d+) on ([^)]+)\) died)");
   for (const auto& [id, view] : build_views(s))
@@ -177,16 +188,12 @@ bool from_death(const Snapshot& s, Verdict* v) {
   // kernel closed or reset: a peer named so that left no state of its own
   // is gone too. Regression: this was a HANG naming a rank still alive.
   static const std::regex lost(R"(closed the connection|connection reset|broken pipe)", std::regex::icase);
-  static const std::regex rank_re(R"(rank (\d+))");
   for (const auto& [id, view] : build_views(s))
     for (const auto& [r, m] : view.members) {
       std::string msg = m.comm->value("error", "");
       std::smatch mm;
       if (!std::regex_search(msg, mm, lost)) continue;
-      int peer = -1;  // the last rank named before the error text, other than r
-      const std::string head = msg.substr(0, static_cast<size_t>(mm.position(0)));
-      for (auto it = std::sregex_iterator(head.begin(), head.end(), rank_re); it != std::sregex_iterator(); ++it)
-        if (std::stoi((*it)[1]) != r) peer = std::stoi((*it)[1]);
+      const int peer = peer_named_before(msg, static_cast<size_t>(mm.position(0)), r);
       if (peer < 0 || peer >= view.nranks || view.members.count(peer)) continue;
       std::string last = "unknown";
       if (in_op(m)) last = fmt::format("op #{} {}", cur(m).value("seq", 0), render_op(cur_op(m)));
@@ -251,18 +258,13 @@ bool from_link(const Snapshot& s, Verdict* v) {
   // RANK_DIED) on different hosts.
   static const std::regex conn_err(R"(connection (reset|refused|closed|lost|timed out)|broken pipe|no route to host|unreachable)",
                                    std::regex::icase);
-  static const std::regex rank_re(R"(rank (\d+))");
   for (const auto& [id, view] : build_views(s)) {
     const auto keys = host_keys(view);
     for (const auto& [r, m] : view.members) {
       std::string msg = m.comm->value("error", "");
       std::smatch mm;
       if (msg.find("died") != std::string::npos || !std::regex_search(msg, mm, conn_err)) continue;
-      // The peer: the last rank named before the error text, other than r.
-      int peer = -1;
-      const std::string head = msg.substr(0, static_cast<size_t>(mm.position(0)));
-      for (auto it = std::sregex_iterator(head.begin(), head.end(), rank_re); it != std::sregex_iterator(); ++it)
-        if (std::stoi((*it)[1]) != r) peer = std::stoi((*it)[1]);
+      const int peer = peer_named_before(msg, static_cast<size_t>(mm.position(0)), r);
       if (peer < 0 || !view.members.count(peer)) continue;
       if (keys.count(r) && keys.count(peer) && keys.at(r) == keys.at(peer)) continue;  // not a network link
       const std::string ha = keys.count(r) ? host_label(view, keys, keys.at(r)) : m.proc->value("host", "?");
