@@ -118,7 +118,7 @@ Result<EnvBootstrap> read_env() {
   if (e.size < 1)
     return invalid_argument("init_from_env: world size missing, < 1 or not an int (" + e.source + ")");
   if (e.rank < 0) return invalid_argument("init_from_env: rank missing, negative or not an int (" + e.source + ")");
-  if (e.rank < 0 || e.rank >= e.size)
+  if (e.rank >= e.size)
     return invalid_argument(fmt::format("init_from_env: rank {} >= world size {} ({})", e.rank, e.size, e.source));
   if (e.root.empty())
     return invalid_argument("init_from_env: no root address (set LOOM_ROOT_ADDR=host:port or MASTER_ADDR/MASTER_PORT)");
@@ -241,10 +241,10 @@ Result<std::unique_ptr<Comm>> Comm::shrink(const std::vector<int>& exclude, bool
   }
   if (static_cast<int>(excl.size()) >= n) return invalid_argument("shrink: every rank is excluded");
   if (abort_first) impl_->abort("aborted by shrink");
-  Deadline dl = deadline_after(config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s());
+  const double timeout = config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s();  // also the child's
+  Deadline dl = deadline_after(timeout);
   if (impl_->revoked()) LOOM_RETURN_IF_ERROR(impl_->wait_quiescent(dl).with_context("shrink after revoke"));
-  const double child_timeout = config.timeout_s > 0 ? config.timeout_s : impl_->timeout_s();
-  auto id = impl_->bootstrap().shrink_rendezvous(excl, dl, child_timeout);
+  auto id = impl_->bootstrap().shrink_rendezvous(excl, dl, timeout);
   if (!id.is_ok()) return id.status().with_context(fmt::format("shrink of {} rank {}", impl_->name(), me));
   int new_rank = me;
   for (int r : excl)

@@ -86,6 +86,14 @@ bool wait_for_calls(ncclComm* comm, double limit_s) {
 }
 
 namespace {
+// The calls that enqueue work (NCCL's ncclEnqueueCheck).
+bool is_enqueue_call(std::string_view api) {
+  static constexpr std::string_view kEnqueue[] = {"ncclAllReduce", "ncclReduce",  "ncclReduceScatter",
+                                                  "ncclAllGather", "ncclBroadcast", "ncclAlltoAll",
+                                                  "ncclGather",    "ncclScatter", "ncclSend", "ncclRecv"};
+  return std::find(std::begin(kEnqueue), std::end(kEnqueue), api) != std::end(kEnqueue);
+}
+
 // The calls whose failure inside a group fails the group (NCCL runs
 // ncclGroupErrCheck in them: enqueue, init, split/shrink, finalize,
 // destroy/abort, window registration). Queries, registration, PreMulSum
@@ -93,19 +101,12 @@ namespace {
 // the group, so e.g. a bad ncclCommCount inside a group dropped its
 // collectives (NcclApi.OnlyEnqueueAndLifecycleCallsFailAGroup).
 bool fails_group(std::string_view api) {
-  static constexpr std::string_view kFailing[] = {
-      "ncclAllReduce", "ncclReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclAlltoAll",
-      "ncclGather", "ncclScatter", "ncclSend", "ncclRecv", "ncclCommInitRank", "ncclCommInitRankConfig",
-      "ncclCommInitRankScalable", "ncclCommInitAll", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
-      "ncclCommDestroy", "ncclCommAbort", "ncclCommWindowRegister"};
-  return std::find(std::begin(kFailing), std::end(kFailing), api) != std::end(kFailing);
-}
-
-bool is_enqueue_call(std::string_view api) {
-  static constexpr std::string_view kEnqueue[] = {"ncclAllReduce", "ncclReduce",  "ncclReduceScatter",
-                                                  "ncclAllGather", "ncclBroadcast", "ncclAlltoAll",
-                                                  "ncclGather",    "ncclScatter", "ncclSend", "ncclRecv"};
-  return std::find(std::begin(kEnqueue), std::end(kEnqueue), api) != std::end(kEnqueue);
+  static constexpr std::string_view kLifecycle[] = {
+      "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll",
+      "ncclCommSplit",    "ncclCommShrink",         "ncclCommFinalize",         "ncclCommDestroy",
+      "ncclCommAbort",    "ncclCommWindowRegister"};
+  return is_enqueue_call(api) ||
+         std::find(std::begin(kLifecycle), std::end(kLifecycle), api) != std::end(kLifecycle);
 }
 
 // As NCCL (enqueue.cc, ncclEnqueueCheck): an argument error in a collective
