@@ -126,6 +126,18 @@ bool ifname_matches(const std::string& spec_in, const std::string& name) {
 
 }  // namespace
 
+namespace {
+// An address a rendezvous root can listen on and name in a unique id: its
+// interface up, IPv4 or IPv6 but not IPv6 link-local (the scope id does not
+// travel in an id).
+bool usable(const InterfaceAddr& a) {
+  if (!a.up) return false;
+  if (a.addr.family() == AF_INET) return true;
+  return a.addr.family() == AF_INET6 &&
+         !IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&a.addr.storage)->sin6_addr);
+}
+}  // namespace
+
 bool pick_default_interface(const std::vector<InterfaceAddr>& ifs, SockAddr* out, std::string* name) {
   auto rank = [](const InterfaceAddr& a) {
     if (a.loopback) return 3;
@@ -134,13 +146,8 @@ bool pick_default_interface(const std::vector<InterfaceAddr>& ifs, SockAddr* out
   };
   const InterfaceAddr* best = nullptr;
   auto key = [&](const InterfaceAddr& a) { return 2 * rank(a) + (a.addr.family() == AF_INET ? 0 : 1); };
-  for (const auto& a : ifs) {
-    if (!a.up || (a.addr.family() != AF_INET && a.addr.family() != AF_INET6)) continue;
-    if (a.addr.family() == AF_INET6 &&
-        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&a.addr.storage)->sin6_addr))
-      continue;
-    if (!best || key(a) < key(*best)) best = &a;
-  }
+  for (const auto& a : ifs)
+    if (usable(a) && (!best || key(a) < key(*best))) best = &a;
   if (!best) return false;
   *out = best->addr;
   out->set_port(0);
@@ -182,9 +189,7 @@ Result<SockAddr> default_listen_addr() {
   }
   for (int want : {AF_INET, AF_INET6}) {
     for (const auto& a : ifs) {
-      if (a.addr.family() != want || !a.up || !ifname_matches(spec, a.name)) continue;
-      if (want == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&a.addr.storage)->sin6_addr))
-        continue;
+      if (a.addr.family() != want || !usable(a) || !ifname_matches(spec, a.name)) continue;
       found = a.addr;
       found.set_port(0);
       return found;
