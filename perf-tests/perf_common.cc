@@ -386,7 +386,7 @@ int perf_main(int argc, char** argv, Bench bench) {
     mpi_finalize();
     return rc;
   };
-  if (bench_rooted(bench) && o.root >= n) {
+  if (bench_rooted(bench) && !o.all_roots && o.root >= n) {
     if (print) fprintf(stderr, "%s: root %d out of range [0, %d)\n", argv[0], o.root, n);
     return finish(2);
   }
@@ -417,18 +417,37 @@ int perf_main(int argc, char** argv, Bench bench) {
     lines.push_back(std::string("Pattern: one way (--oneway): even ranks send to rank + 1, odd ranks receive") +
                     (o.average == Average::kMax ? "; times: slowest rank" : ""));
   const std::vector<size_t> sizes = sweep_sizes(o);
-  const size_t es = dtype_size(o.dt);
-  size_t max_elems = 0;
-  for (size_t bytes : sizes) {
-    Shape s = shape_for(bench, bytes, es, n);
-    max_elems = std::max({max_elems, s.send_count, s.recv_count});
+  // -d all / -o all / -r all: one sweep per combination, types outermost,
+  // then ops, then roots (nccl-tests' nesting).
+  struct Combo {
+    DataType dt;
+    RedOp op;
+    int root;
+  };
+  std::vector<Combo> combos;
+  for (int t = 0; t < (o.all_types ? kNumDataTypes : 1); ++t) {
+    const DataType dt = o.all_types ? static_cast<DataType>(t) : o.dt;
+    const bool ops = o.all_ops && bench_reduces(bench);
+    for (int p = 0; p < (ops ? kNumRedOps : 1); ++p) {
+      const RedOp op = ops ? static_cast<RedOp>(p) : o.op;
+      const bool roots = o.all_roots && bench_rooted(bench);
+      for (int r = 0; r < (roots ? n : 1); ++r) combos.push_back({dt, op, roots ? r : o.root});
+    }
+  }
+  size_t buf_bytes = 0;
+  for (const Combo& cb : combos) {
+    const size_t ces = dtype_size(cb.dt);
+    for (size_t bytes : sizes) {
+      Shape s = shape_for(bench, bytes, ces, n);
+      buf_bytes = std::max({buf_bytes, s.send_count * ces, s.recv_count * ces});
+    }
   }
   const bool shared = o.local_register > 0;
   const size_t huge_before = o.thp ? thp_bytes() : 0;
-  Buffer sendb = alloc_touched(max_elems * es + 64, shared, o.thp),
-         recvb = alloc_touched(max_elems * es + 64, shared, o.thp);
+  Buffer sendb = alloc_touched(buf_bytes + 64, shared, o.thp),
+         recvb = alloc_touched(buf_bytes + 64, shared, o.thp);
   if (!sendb || !recvb) {
-    fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, max_elems * es);
+    fprintf(stderr, "rank %d: cannot allocate 2 x %zu bytes\n", rank, buf_bytes);
     return finish(1);
   }
   if (o.thp) {
@@ -437,7 +456,7 @@ int perf_main(int argc, char** argv, Bench bench) {
     char line[200];
     snprintf(line, sizeof line, "Buffers: transparent huge pages advised (--thp): %.1f of %.1f MiB in huge pages on rank %d",
              static_cast<double>(got) / (1 << 20),
-             2.0 * static_cast<double>((max_elems * es + 64 + kHugePage - 1) / kHugePage * kHugePage) / (1 << 20), rank);
+             2.0 * static_cast<double>((buf_bytes + 64 + kHugePage - 1) / kHugePage * kHugePage) / (1 << 20), rank);
     lines.push_back(line);
   }
   Report report(info);
@@ -459,78 +478,91 @@ int perf_main(int argc, char** argv, Bench bench) {
     failed = true;
   };
 
-  // nccl-tests warms up at the largest size, then at the smallest.
-  if (!sizes.empty() && o.warmup > 0) {
-    size_t largest = *std::max_element(sizes.begin(), sizes.end());
-    size_t smallest = *std::min_element(sizes.begin(), sizes.end());
-    for (size_t bytes : {largest, smallest}) {
-      Status s = run_ops(ctx, shape_for(bench, bytes, es, n), false, std::max(1, o.warmup / o.agg));
-      if (!s.is_ok()) {
-        fail(s);
-        break;
-      }
-    }
-  }
-
-  Progress progress(print && (o.progress || isatty(STDERR_FILENO)), bench_name(bench), sizes);
+  // The progress line counts every combination's sizes.
+  std::vector<size_t> progress_sizes;
+  for (size_t k = 0; k < combos.size(); ++k) progress_sizes.insert(progress_sizes.end(), sizes.begin(), sizes.end());
+  Progress progress(print && (o.progress || isatty(STDERR_FILENO)), bench_name(bench), progress_sizes);
   double wrong_total = 0;
-  for (size_t i = 0; i < sizes.size() && !failed; ++i) {
-    if (print) progress.start(i);
-    const Shape s = shape_for(bench, sizes[i], es, n);
-    Row row;
-    row.size_bytes = s.size_bytes;
-    row.count = s.count;
-    for (int ip = 0; ip < 2 && !failed; ++ip) {
-      auto us = time_ops(ctx, s, ip == 1, ctl);
-      if (!us.is_ok()) { fail(us.status()); break; }
-      auto t = ctl.combine(*us, o.average);
-      if (!t.is_ok()) { fail(t.status()); break; }
-      double wrong = -1;
-      if (o.check > 0) {
-        auto w = verify(ctx, s, ip == 1, ctl);
-        if (!w.is_ok()) { fail(w.status()); break; }
-        wrong = *w;
-        wrong_total += wrong;
+  for (size_t ci = 0; ci < combos.size() && !failed; ++ci) {
+    // ctx and ctx_b read the options through a reference: this combination.
+    o.dt = combos[ci].dt;
+    o.op = combos[ci].op;
+    o.root = combos[ci].root;
+    const size_t es = dtype_size(o.dt);
+    // nccl-tests warms up at the largest size, then at the smallest.
+    if (!sizes.empty() && o.warmup > 0) {
+      size_t largest = *std::max_element(sizes.begin(), sizes.end());
+      size_t smallest = *std::min_element(sizes.begin(), sizes.end());
+      for (size_t bytes : {largest, smallest}) {
+        Status s = run_ops(ctx, shape_for(bench, bytes, es, n), false, std::max(1, o.warmup / o.agg));
+        if (!s.is_ok()) {
+          fail(s);
+          break;
+        }
       }
-      (ip == 0 ? row.out_of_place : row.in_place) = make_measure(*t, s, wrong);
     }
-    if (failed) break;
-    if (o.baseline_mpi) {
-      Buffers buf = buffers_for(bench, ctx.send, ctx.recv, s, es, rank, false);
-      fill_inputs(bench, buf, s, o, rank, n);
-      mpi_barrier();
-      auto us = mpi_time(bench, buf, s, o, o.iters, std::max(1, o.warmup));
-      // Every rank takes the same branch: the type/op check is rank-independent.
-      if (us.is_ok()) {
+
+    for (size_t i = 0; i < sizes.size() && !failed; ++i) {
+      if (print) progress.start(ci * sizes.size() + i);
+      const Shape s = shape_for(bench, sizes[i], es, n);
+      Row row;
+      row.size_bytes = s.size_bytes;
+      row.count = s.count;
+      row.dt = o.dt;
+      row.op = o.op;
+      row.root = o.root;
+      for (int ip = 0; ip < 2 && !failed; ++ip) {
+        auto us = time_ops(ctx, s, ip == 1, ctl);
+        if (!us.is_ok()) { fail(us.status()); break; }
         auto t = ctl.combine(*us, o.average);
         if (!t.is_ok()) { fail(t.status()); break; }
-        row.has_mpi = true;
-        row.mpi = make_measure(*t, s, -1);
-      } else if (print && i == 0) {
-        fprintf(stderr, "--baseline mpi: %s\n", us.status().to_string().c_str());
+        double wrong = -1;
+        if (o.check > 0) {
+          auto w = verify(ctx, s, ip == 1, ctl);
+          if (!w.is_ok()) { fail(w.status()); break; }
+          wrong = *w;
+          wrong_total += wrong;
+        }
+        (ip == 0 ? row.out_of_place : row.in_place) = make_measure(*t, s, wrong);
       }
-    }
-    std::string ab_line;
-    if (comm_b) {
-      auto t = time_ab(ctx, ctx_b, s, ctl);
-      if (!t.is_ok()) { fail(t.status()); break; }
-      auto ta = ctl.combine(t->a_us, o.average);
-      auto tb = ta.is_ok() ? ctl.combine(t->b_us, o.average) : ta;
-      if (!tb.is_ok()) { fail(tb.status()); break; }
-      const std::string& ran_a = t->a_algo;
-      const std::string& ran_b = t->b_algo;
-      char buf[256];
-      snprintf(buf, sizeof buf, "#  A/B %12zu  A %s %.3f us  B %s %.3f us  B/A %.3f", s.size_bytes,
-               ran_a.empty() ? "?" : ran_a.c_str(), *ta, ran_b.empty() ? "?" : ran_b.c_str(), *tb,
-               *ta > 0 ? *tb / *ta : 0.0);
-      ab_line = buf;
-    }
-    if (print) {
-      progress.done();
-      report.add(row);
-      // A comment line (nccl-tests style) after the row: on stdout with the
-      // table, on stderr when stdout carries JSON or CSV.
-      if (!ab_line.empty()) fprintf(o.json_stdout || o.csv_stdout ? stderr : stdout, "%s\n", ab_line.c_str());
+      if (failed) break;
+      if (o.baseline_mpi) {
+        Buffers buf = buffers_for(bench, ctx.send, ctx.recv, s, es, rank, false);
+        fill_inputs(bench, buf, s, o, rank, n);
+        mpi_barrier();
+        auto us = mpi_time(bench, buf, s, o, o.iters, std::max(1, o.warmup));
+        // Every rank takes the same branch: the type/op check is rank-independent.
+        if (us.is_ok()) {
+          auto t = ctl.combine(*us, o.average);
+          if (!t.is_ok()) { fail(t.status()); break; }
+          row.has_mpi = true;
+          row.mpi = make_measure(*t, s, -1);
+        } else if (print && i == 0 && (ci == 0 || combos[ci].dt != combos[ci - 1].dt)) {
+          fprintf(stderr, "--baseline mpi: %s\n", us.status().to_string().c_str());
+        }
+      }
+      std::string ab_line;
+      if (comm_b) {
+        auto t = time_ab(ctx, ctx_b, s, ctl);
+        if (!t.is_ok()) { fail(t.status()); break; }
+        auto ta = ctl.combine(t->a_us, o.average);
+        auto tb = ta.is_ok() ? ctl.combine(t->b_us, o.average) : ta;
+        if (!tb.is_ok()) { fail(tb.status()); break; }
+        const std::string& ran_a = t->a_algo;
+        const std::string& ran_b = t->b_algo;
+        char buf[256];
+        snprintf(buf, sizeof buf, "#  A/B %12zu  A %s %.3f us  B %s %.3f us  B/A %.3f", s.size_bytes,
+                 ran_a.empty() ? "?" : ran_a.c_str(), *ta, ran_b.empty() ? "?" : ran_b.c_str(), *tb,
+                 *ta > 0 ? *tb / *ta : 0.0);
+        ab_line = buf;
+      }
+      if (print) {
+        progress.done();
+        report.add(row);
+        // A comment line (nccl-tests style) after the row: on stdout with the
+        // table, on stderr when stdout carries JSON or CSV.
+        if (!ab_line.empty()) fprintf(o.json_stdout || o.csv_stdout ? stderr : stdout, "%s\n", ab_line.c_str());
+      }
     }
   }
   if (print) progress.done();

@@ -71,9 +71,9 @@ void print_usage(FILE* out, const char* prog) {
           "  -m, --agg_iters N       operations aggregated in one group per iteration (default 1)\n"
           "  -c, --check N           verification runs per size, closed-form data; 0 = off (default 1)\n"
           "  -d, --datatype T        int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
-          "                          f8e4m3 f8e5m2 (default float)\n"
-          "  -o, --op OP             sum prod max min avg (default sum)\n"
-          "  -r, --root R            root of broadcast / reduce (default 0)\n"
+          "                          f8e4m3 f8e5m2, or all (default float)\n"
+          "  -o, --op OP             sum prod max min avg, or all (default sum)\n"
+          "  -r, --root R            root of broadcast / reduce, or all (default 0)\n"
           "  -z, --blocking 0/1      wait for each operation before issuing the next (default 0)\n"
           "  -a, --average 0/1/2/3   time reported across ranks: 0=rank 0, 1=average, 2=min, 3=max (default 1)\n"
           "  -T, --timeout SECONDS   deadline of every wait; a hung operation fails (default LOOM_TIMEOUT)\n"
@@ -194,18 +194,25 @@ int parse_options(int argc, char** argv, Bench bench, Options* o) {
       case 'm': if (!parse_int(optarg, 1, 1 << 20, &o->agg)) return bad("-m", optarg); break;
       case 'c': if (!parse_int(optarg, 0, 1 << 20, &o->check)) return bad("-c", optarg); break;
       case 'd': {
+        o->all_types = std::strcmp(optarg, "all") == 0;
+        if (o->all_types) break;
         auto dt = parse_dtype(optarg);
         if (!dt) return bad("-d", optarg);
         o->dt = *dt;
         break;
       }
       case 'o': {
+        o->all_ops = std::strcmp(optarg, "all") == 0;
+        if (o->all_ops) break;
         auto op = parse_redop(optarg);
         if (!op) return bad("-o", optarg);
         o->op = *op;
         break;
       }
-      case 'r': if (!parse_int(optarg, 0, 1 << 30, &o->root)) return bad("-r", optarg); break;
+      case 'r':
+        o->all_roots = std::strcmp(optarg, "all") == 0;
+        if (!o->all_roots && !parse_int(optarg, 0, 1 << 30, &o->root)) return bad("-r", optarg);
+        break;
       case 'z': { int z; if (!parse_int(optarg, 0, 1, &z)) return bad("-z", optarg); o->blocking = z != 0; break; }
       case 'a': {
         int a;

@@ -44,6 +44,10 @@ struct Options {
   DataType dt = DataType::kFloat32;
   RedOp op = RedOp::kSum;
   int root = 0;
+  // -d all / -o all / -r all (nccl-tests): the sweep runs once per type, per
+  // op (reducing collectives) and per root (broadcast, reduce), in that
+  // nesting; dt / op / root above then hold the combination being measured.
+  bool all_types = false, all_ops = false, all_roots = false;
   bool blocking = false;          // -z
   Average average = Average::kAvg;  // -a
   double timeout_s = 0;           // -T: deadline of every wait (0 = LOOM_TIMEOUT)

@@ -43,6 +43,9 @@ std::string time_text(double us) {
 
 double ratio(const Row& r) { return r.mpi.busbw > 0 ? r.out_of_place.busbw / r.mpi.busbw : 0; }
 
+// A row's combination boundary: -d/-o/-r all run one sweep per combination.
+bool same_combo(const Row& a, const Row& b) { return a.dt == b.dt && a.op == b.op && a.root == b.root; }
+
 bool write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path);
   f << text;
@@ -55,6 +58,9 @@ bool write_file(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+const char* Report::op_label(const Row& r) const { return bench_reduces(info_.bench) ? redop_name(r.op) : "none"; }
+int Report::root_label(const Row& r) const { return bench_rooted(info_.bench) ? r.root : -1; }
 
 Report::Report(RunInfo info) : info_(std::move(info)) {
   table_ = !info_.opts.json_stdout && !info_.opts.csv_stdout;
@@ -100,8 +106,7 @@ void Report::begin(const std::vector<std::string>& extra) {
 
 void Report::print_row(const Row& r) {
   const Options& o = info_.opts;
-  printf("%12zu  %12zu  %8s  %6s  %6d", r.size_bytes, r.count, type_label(o.dt),
-         bench_reduces(info_.bench) ? redop_name(o.op) : "none", bench_rooted(info_.bench) ? o.root : -1);
+  printf("%12zu  %12zu  %8s  %6s  %6d", r.size_bytes, r.count, type_label(r.dt), op_label(r), root_label(r));
   for (const Measure* m : {&r.out_of_place, &r.in_place}) {
     if (m->wrong >= 0) printf("  %7s  %6.2f  %6.2f  %5.0f", time_text(m->time_us).c_str(), m->algbw, m->busbw, m->wrong);
     else printf("  %7s  %6.2f  %6.2f  %5s", time_text(m->time_us).c_str(), m->algbw, m->busbw, "N/A");
@@ -137,6 +142,9 @@ std::string Report::json_text(double wrong_total) const {
   for (const Row& r : rows_) {
     json j = {{"size", r.size_bytes},
               {"count", r.count},
+              {"datatype", type_label(r.dt)},
+              {"redop", op_label(r)},
+              {"root", root_label(r)},
               {"out_of_place", measure(r.out_of_place)},
               {"in_place", measure(r.in_place)}};
     if (r.has_mpi) {
@@ -151,9 +159,9 @@ std::string Report::json_text(double wrong_total) const {
               {"host", info_.host},
               {"bootstrap", info_.bootstrap},
               {"algorithm", info_.algorithm},
-              {"datatype", type_label(o.dt)},
-              {"redop", bench_reduces(info_.bench) ? redop_name(o.op) : "none"},
-              {"root", bench_rooted(info_.bench) ? o.root : -1},
+              {"datatype", o.all_types ? json("all") : json(type_label(o.dt))},
+              {"redop", !bench_reduces(info_.bench) ? json("none") : o.all_ops ? json("all") : json(redop_name(o.op))},
+              {"root", !bench_rooted(info_.bench) ? json(-1) : o.all_roots ? json("all") : json(o.root)},
               {"iters", o.iters},
               {"warmup_iters", o.warmup},
               {"agg_iters", o.agg},
@@ -171,7 +179,6 @@ std::string Report::json_text(double wrong_total) const {
 }
 
 std::string Report::csv_text() const {
-  const Options& o = info_.opts;
   std::string out =
       "collective,nranks,size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
       "ip_time_us,ip_algbw,ip_busbw,ip_wrong,mpi_time_us,mpi_algbw,mpi_busbw,loom_over_mpi\n";
@@ -179,8 +186,7 @@ std::string Report::csv_text() const {
   for (const Row& r : rows_) {
     auto wrong = [](double w) { return w >= 0 ? std::to_string(static_cast<long long>(w)) : std::string(); };
     snprintf(line, sizeof line, "%s,%d,%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s,", bench_name(info_.bench),
-             info_.nranks, r.size_bytes, r.count, type_label(o.dt),
-             bench_reduces(info_.bench) ? redop_name(o.op) : "none", bench_rooted(info_.bench) ? o.root : -1,
+             info_.nranks, r.size_bytes, r.count, type_label(r.dt), op_label(r), root_label(r),
              r.out_of_place.time_us, r.out_of_place.algbw, r.out_of_place.busbw, wrong(r.out_of_place.wrong).c_str(),
              r.in_place.time_us, r.in_place.algbw, r.in_place.busbw, wrong(r.in_place.wrong).c_str());
     out += line;
@@ -200,24 +206,47 @@ bool Report::write_plot() const {
   std::string data = png + ".dat";
   std::string text = "# size oop_busbw ip_busbw mpi_busbw\n";
   char line[128];
-  for (const Row& r : rows_) {
+  // One data block per combination (-d/-o/-r all run several), two blank
+  // lines apart, so gnuplot can address each as `index k`.
+  std::vector<std::string> combos;
+  bool block_has_data = false;
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    const Row& r = rows_[i];
+    if (i == 0 || !same_combo(r, rows_[i - 1])) {
+      if (i > 0) text += block_has_data ? "\n\n" : "1 NaN NaN NaN\n\n\n";  // keep the index count
+      block_has_data = false;
+      std::string label = type_label(r.dt);
+      if (bench_reduces(info_.bench)) label += std::string(" ") + redop_name(r.op);
+      if (bench_rooted(info_.bench)) label += " root " + std::to_string(r.root);
+      combos.push_back(label);
+    }
     if (r.size_bytes == 0) continue;  // log scale
     snprintf(line, sizeof line, "%zu %.4f %.4f %s\n", r.size_bytes, r.out_of_place.busbw, r.in_place.busbw,
              r.has_mpi ? std::to_string(r.mpi.busbw).c_str() : "NaN");
     text += line;
+    block_has_data = true;
   }
   if (!write_file(data, text)) return false;
   std::string script = png + ".gp";
   std::string gp;
-  gp += "set terminal png size 900,560\n";
+  gp += "set terminal png size 900,560 noenhanced\n";  // noenhanced: '_' in names is not a subscript
   gp += "set output '" + png + "'\n";
   gp += "set title 'Loom " + std::string(bench_binary(info_.bench)) + ", " + std::to_string(info_.nranks) +
-        " ranks on " + info_.host + "'\n";
+        " ranks on " + info_.host + (combos.size() > 1 ? ", out-of-place" : "") + "'\n";
   gp += "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\n";
   gp += "set key top left\nset grid\n";
-  gp += "plot '" + data + "' using 1:2 with linespoints title 'Loom out-of-place', '" + data +
-        "' using 1:3 with linespoints title 'Loom in-place'";
-  if (info_.opts.baseline_mpi) gp += ", '" + data + "' using 1:4 with linespoints title 'MPI'";
+  if (combos.size() > 1) {
+    // One line per combination, out of place (in place and MPI would double
+    // or triple an already crowded plot; the table and --csv have them).
+    gp += "plot";
+    for (size_t k = 0; k < combos.size(); ++k)
+      gp += std::string(k ? "," : "") + " '" + data + "' index " + std::to_string(k) +
+            " using 1:2 with linespoints title '" + combos[k] + "'";
+  } else {
+    gp += "plot '" + data + "' using 1:2 with linespoints title 'Loom out-of-place', '" + data +
+          "' using 1:3 with linespoints title 'Loom in-place'";
+    if (info_.opts.baseline_mpi) gp += ", '" + data + "' using 1:4 with linespoints title 'MPI'";
+  }
   gp += "\n";
   if (!write_file(script, gp)) return false;
   std::string cmd = "gnuplot '" + script + "'";

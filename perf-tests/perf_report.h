@@ -22,6 +22,9 @@ struct Measure {
 struct Row {
   size_t size_bytes = 0;
   size_t count = 0;
+  DataType dt = DataType::kFloat32;  // the combination measured (-d/-o/-r all vary them)
+  RedOp op = RedOp::kSum;
+  int root = 0;
   Measure out_of_place, in_place;
   bool has_mpi = false;
   Measure mpi;  // MPI's collective, out of place, same buffers
@@ -50,6 +53,8 @@ class Report {
 
  private:
   void print_row(const Row& row);
+  const char* op_label(const Row& r) const;  // "none" where the collective has no op
+  int root_label(const Row& r) const;        // -1 where it has no root
   std::string json_text(double wrong_total) const;
   std::string csv_text() const;
   bool write_plot() const;

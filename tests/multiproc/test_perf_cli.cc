@@ -281,6 +281,47 @@ TEST_F(PerfCli, StepFactorOneAddsTheStepBytes) {
   EXPECT_EQ(sizes, (std::vector<std::string>{"1536", "2560", "3584"})) << r.out;
 }
 
+// -d all / -o all / -r all (nccl-tests): one sweep per type, per op and per
+// root, types outermost, every row verified. Regression: "all" was refused.
+TEST_F(PerfCli, AllTypesOpsAndRootsSweepEveryCombination) {
+  Outcome r = run(loomrun(3) + "reduce_perf -b 64 -e 256 -f 4 -d all -o all -r all -n 1 -w 1 -c 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  auto rows = table_rows(r.out);
+  const char* types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                         "half", "float", "double", "bfloat16", "f8e4m3", "f8e5m2"};
+  const char* ops[] = {"sum", "prod", "max", "min", "avg"};
+  ASSERT_EQ(rows.size(), 12u * 5 * 3 * 2) << r.out;  // types x ops x roots x sizes
+  size_t i = 0;
+  for (const char* t : types)
+    for (const char* op : ops)
+      for (int root = 0; root < 3; ++root)
+        for (const char* size : {"64", "256"}) {
+          const auto& f = rows[i++];
+          EXPECT_EQ(f[0], size);
+          EXPECT_EQ(f[2], t);
+          EXPECT_EQ(f[3], op);
+          EXPECT_EQ(f[4], std::to_string(root));
+          EXPECT_EQ(f[8], "0") << t << " " << op << " root " << root;
+          EXPECT_EQ(f[12], "0") << t << " " << op << " root " << root;
+        }
+  // A collective without an op or a root runs one sweep per type only.
+  Outcome g = run(loomrun(2) + "all_gather_perf -b 1K -e 1K -d all -o all -r all -n 1 -w 1 --json");
+  ASSERT_EQ(g.rc, 0) << g.out;
+  nlohmann::json j = nlohmann::json::parse(g.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << g.out;
+  EXPECT_EQ(j["datatype"], "all");
+  EXPECT_EQ(j["redop"], "none");
+  ASSERT_EQ(j["results"].size(), 12u);
+  for (size_t k = 0; k < 12; ++k) {
+    EXPECT_EQ(j["results"][k]["datatype"], types[k]);
+    EXPECT_EQ(j["results"][k]["root"], -1);
+    EXPECT_EQ(j["results"][k]["in_place"]["wrong"], 0.0);
+  }
+  // "all" is a word, not a prefix.
+  EXPECT_EQ(run(loomrun(2) + "all_reduce_perf -b 8 -e 8 -o alle -n 1 -w 0").rc, 2);
+}
+
 // --ab: per size, this run's algorithm against another on a second
 // communicator, timed in alternating blocks in one process. The line names
 // the algorithms that really ran (from each communicator's flight recorder),
