@@ -4,6 +4,18 @@
 
 namespace loom {
 
+namespace {
+
+// The parent position of `pos` (> 0) in the tree over n positions.
+int btree_parent(int n, int pos) {
+  const int b = pos & -pos;
+  int up = (pos & (2 * b)) ? pos - b : pos + b;
+  if (up >= n) up = pos - b;
+  return up;
+}
+
+}  // namespace
+
 TreeNode btree_node(int n, int pos) {
   TreeNode t;
   if (n <= 1) return t;
@@ -11,9 +23,7 @@ TreeNode btree_node(int n, int pos) {
     t.child[1] = floor_pow2(n - 1);
   } else {
     const int b = pos & -pos;
-    int up = (pos & (2 * b)) ? pos - b : pos + b;
-    if (up >= n) up = pos - b;
-    t.parent = up;
+    t.parent = btree_parent(n, pos);
     if (b >= 2) {
       t.child[0] = pos - b / 2;
       int c = b / 2;
@@ -21,7 +31,9 @@ TreeNode btree_node(int n, int pos) {
       if (c >= 1) t.child[1] = pos + c;
     }
   }
-  for (int p = t.parent; p >= 0; p = btree_node(n, p).parent) ++t.depth;
+  // Walk up by parents alone: asking btree_node for each ancestor computed
+  // that ancestor's depth too, 2^depth calls (4096 ranks: seconds at init).
+  for (int p = t.parent; p >= 0; p = p == 0 ? -1 : btree_parent(n, p)) ++t.depth;
   return t;
 }
 

@@ -239,6 +239,21 @@ TEST(AlgorithmProps, HierarchicalIsCorrectForHostLayouts) {
   }
 }
 
+// depth is the number of ancestors, counted by walking the parents; a tree
+// of 2^20 positions has depth 20. Regression: btree_node asked btree_node for
+// each ancestor, which computed that ancestor's depth again (2^depth calls per
+// node): 4096 ranks spent seconds in the tuner at init, 2^20 never finished.
+TEST(AlgorithmProps, BinaryTreeDepthCountsAncestors) {
+  for (int n : {2, 3, 7, 64, 100, 4096, 5000}) {
+    for (int i = 0; i < n; ++i) {
+      int depth = 0;
+      for (int p = patterns::btree_node(n, i).parent; p >= 0; p = patterns::btree_node(n, p).parent) ++depth;
+      ASSERT_EQ(patterns::btree_node(n, i).depth, depth) << "n=" << n << " node " << i;
+    }
+  }
+  EXPECT_EQ(patterns::btree_depth(1 << 20), 20);
+}
+
 TEST(AlgorithmProps, BinaryTreeShape) {
   for (int n = 1; n <= 70; ++n) {
     int roots = 0;
