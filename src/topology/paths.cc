@@ -156,6 +156,69 @@ std::vector<int> gpu_nic_affinity(const TopoGraph& g) {
   return out;
 }
 
+namespace {
+
+bool same_slot(const RankInfo& a, const RankInfo& b) {
+  return a.device == b.device && a.cpu == b.cpu && a.nic == b.nic && a.nic_path.type == b.nic_path.type &&
+         a.nic_path.bw == b.nic_path.bw && a.nic_path.hops == b.nic_path.hops &&
+         a.nic_path.latency_us == b.nic_path.latency_us && a.nic_path.nodes == b.nic_path.nodes;
+}
+
+// The path between two ranks described by their slots, on one host or two.
+Path rank_path(const TopoGraph& g, const RankInfo& ra, const RankInfo& rb, bool same_host, bool same_rank) {
+  Path p;
+  if (!same_host) {
+    p.type = PathType::kNet;
+    if (ra.nic < 0 || rb.nic < 0) {
+      p.bw = 0;  // no NIC known: the network is a guess
+      p.latency_us = kNetDefaultLatencyUs;
+      return p;
+    }
+    const TopoNode& na = g.nodes[static_cast<size_t>(ra.nic)];
+    const TopoNode& nb = g.nodes[static_cast<size_t>(rb.nic)];
+    p.bw = std::min({ra.nic_path.bw, na.net_bw, nb.net_bw, rb.nic_path.bw});
+    p.hops = ra.nic_path.hops + 1 + rb.nic_path.hops;
+    double lat = std::max(na.net_latency_us, nb.net_latency_us);
+    p.latency_us = (lat > 0 ? lat : kNetDefaultLatencyUs) + ra.nic_path.latency_us + rb.nic_path.latency_us;
+    p.nodes = {ra.device >= 0 ? ra.device : ra.cpu, ra.nic, rb.nic, rb.device >= 0 ? rb.device : rb.cpu};
+  } else if (ra.device >= 0) {
+    p = find_path(g, ra.device, rb.device);
+  } else if (ra.cpu == rb.cpu) {
+    // Two processes on one NUMA node talk through its memory.
+    p.type = same_rank ? PathType::kLocal : PathType::kPhb;
+    p.bw = kHostMemBw;
+    p.nodes = {ra.cpu};
+  } else {
+    p = find_path(g, ra.cpu, rb.cpu);
+    p.bw = std::min(p.bw, kHostMemBw);
+  }
+  return p;
+}
+
+}  // namespace
+
+const Path& RankTopology::path(int a, int b) const {
+  const size_t ca = static_cast<size_t>(slot_class(a)), cb = static_cast<size_t>(slot_class(b));
+  if (a == b) return self_paths_[ca];
+  const size_t k = ca * static_cast<size_t>(nclasses_) + cb;
+  return ranks[static_cast<size_t>(a)].host == ranks[static_cast<size_t>(b)].host ? local_paths_[k] : remote_paths_[k];
+}
+
+std::vector<int> RankTopology::representatives() const {
+  std::vector<int> out;
+  std::vector<int> seen(static_cast<size_t>(nclasses_), 0);
+  const int host0 = std::min(ranks_per_host, nranks);
+  for (int r = 0; r < host0; ++r) {
+    int& n = seen[static_cast<size_t>(slot_class(r))];
+    if (n++ < 2) out.push_back(r);
+  }
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int r = ranks_per_host; r < std::min(2 * ranks_per_host, nranks); ++r) {
+    if (seen[static_cast<size_t>(slot_class(r))]++ == 0) out.push_back(r);
+  }
+  return out;
+}
+
 RankTopology map_ranks(const TopoGraph& g, int nranks, int ranks_per_host) {
   RankTopology rt;
   rt.nranks = std::max(nranks, 1);
@@ -168,6 +231,8 @@ RankTopology map_ranks(const TopoGraph& g, int nranks, int ranks_per_host) {
   // NIC choice per local slot is the same on every host.
   std::map<int, int> usage;
   std::vector<RankInfo> slot(static_cast<size_t>(rt.ranks_per_host));
+  std::vector<RankInfo> class_slot;  // one slot of each class
+  rt.slot_class_.resize(slot.size());
   for (int s = 0; s < rt.ranks_per_host; ++s) {
     RankInfo& ri = slot[static_cast<size_t>(s)];
     if (!gpus.empty()) {
@@ -178,7 +243,12 @@ RankTopology map_ranks(const TopoGraph& g, int nranks, int ranks_per_host) {
     }
     int from = ri.device >= 0 ? ri.device : ri.cpu;
     if (from >= 0) ri.nic = best_nic(g, from, usage, &ri.nic_path);
+    size_t c = 0;
+    while (c < class_slot.size() && !same_slot(class_slot[c], ri)) ++c;
+    if (c == class_slot.size()) class_slot.push_back(ri);
+    rt.slot_class_[static_cast<size_t>(s)] = static_cast<int>(c);
   }
+  rt.ranks.reserve(static_cast<size_t>(rt.nranks));
   for (int r = 0; r < rt.nranks; ++r) {
     RankInfo ri = slot[static_cast<size_t>(r % rt.ranks_per_host)];
     ri.rank = r;
@@ -186,37 +256,16 @@ RankTopology map_ranks(const TopoGraph& g, int nranks, int ranks_per_host) {
     rt.ranks.push_back(ri);
   }
 
-  rt.paths.assign(static_cast<size_t>(rt.nranks), std::vector<Path>(static_cast<size_t>(rt.nranks)));
-  for (int a = 0; a < rt.nranks; ++a) {
-    for (int b = 0; b < rt.nranks; ++b) {
-      const RankInfo& ra = rt.ranks[static_cast<size_t>(a)];
-      const RankInfo& rb = rt.ranks[static_cast<size_t>(b)];
-      Path& p = rt.paths[static_cast<size_t>(a)][static_cast<size_t>(b)];
-      if (ra.host != rb.host) {
-        p.type = PathType::kNet;
-        if (ra.nic < 0 || rb.nic < 0) {
-          p.bw = 0;  // no NIC known: the network is a guess
-          p.latency_us = kNetDefaultLatencyUs;
-          continue;
-        }
-        const TopoNode& na = g.nodes[static_cast<size_t>(ra.nic)];
-        const TopoNode& nb = g.nodes[static_cast<size_t>(rb.nic)];
-        p.bw = std::min({ra.nic_path.bw, na.net_bw, nb.net_bw, rb.nic_path.bw});
-        p.hops = ra.nic_path.hops + 1 + rb.nic_path.hops;
-        double lat = std::max(na.net_latency_us, nb.net_latency_us);
-        p.latency_us = (lat > 0 ? lat : kNetDefaultLatencyUs) + ra.nic_path.latency_us + rb.nic_path.latency_us;
-        p.nodes = {ra.device >= 0 ? ra.device : ra.cpu, ra.nic, rb.nic, rb.device >= 0 ? rb.device : rb.cpu};
-      } else if (ra.device >= 0) {
-        p = find_path(g, ra.device, rb.device);
-      } else if (ra.cpu == rb.cpu) {
-        // Two processes on one NUMA node talk through its memory.
-        p.type = a == b ? PathType::kLocal : PathType::kPhb;
-        p.bw = kHostMemBw;
-        p.nodes = {ra.cpu};
-      } else {
-        p = find_path(g, ra.cpu, rb.cpu);
-        p.bw = std::min(p.bw, kHostMemBw);
-      }
+  const size_t nc = class_slot.size();
+  rt.nclasses_ = static_cast<int>(nc);
+  rt.self_paths_.resize(nc);
+  rt.local_paths_.resize(nc * nc);
+  rt.remote_paths_.resize(nc * nc);
+  for (size_t a = 0; a < nc; ++a) {
+    rt.self_paths_[a] = rank_path(g, class_slot[a], class_slot[a], true, true);
+    for (size_t b = 0; b < nc; ++b) {
+      rt.local_paths_[a * nc + b] = rank_path(g, class_slot[a], class_slot[b], true, false);
+      rt.remote_paths_[a * nc + b] = rank_path(g, class_slot[a], class_slot[b], false, false);
     }
   }
   return rt;

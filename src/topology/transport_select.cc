@@ -27,7 +27,7 @@ TransportChoice choose_transport(const TopoGraph& g, const RankTopology& rt, int
                                  const TransportPolicy& policy) {
   const RankInfo& ra = rt.ranks[static_cast<size_t>(a)];
   const RankInfo& rb = rt.ranks[static_cast<size_t>(b)];
-  const Path& p = rt.paths[static_cast<size_t>(a)][static_cast<size_t>(b)];
+  const Path& p = rt.path(a, b);
   TransportChoice c;
   if (ra.host != rb.host) {
     if (ra.nic < 0) {

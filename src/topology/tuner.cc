@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/config.h"
@@ -132,11 +133,23 @@ CommCost Tuner::derive_cost(int nranks) const {
   CommCost c;
   RankTopology rt = map_ranks(graph_, nranks, options_.ranks_per_host);
   const int p = rt.nranks;
+  // A pair's cost depends on its slot classes and on whether it shares a
+  // host (RankTopology::slot_class): computed once per combination.
+  const size_t nc = static_cast<size_t>(rt.nclasses());
+  std::vector<std::optional<LinkCost>> memo(2 * nc * nc);
   auto pair = [&](int a, int b) {
-    const Path& path = rt.paths[static_cast<size_t>(a)][static_cast<size_t>(b)];
-    TransportChoice t = choose_transport(graph_, rt, a, b, options_.transport);
-    return LinkCost{transport_base_latency_us(t.kind) + path.latency_us, beta_of(path.bw)};
+    const bool same_host = rt.ranks[static_cast<size_t>(a)].host == rt.ranks[static_cast<size_t>(b)].host;
+    std::optional<LinkCost>& m =
+        memo[(same_host ? nc * nc : 0) + static_cast<size_t>(rt.slot_class(a)) * nc + static_cast<size_t>(rt.slot_class(b))];
+    if (!m) {
+      const Path& path = rt.path(a, b);
+      TransportChoice t = choose_transport(graph_, rt, a, b, options_.transport);
+      m = LinkCost{transport_base_latency_us(t.kind) + path.latency_us, beta_of(path.bw)};
+    }
+    return *m;
   };
+  // Every distinct pair's combination, without the O(p^2) loop over ranks.
+  const std::vector<int> reps = rt.representatives();
   for (int i = 0; i < p && p > 1; ++i) worst(c.ring, pair(i, (i + 1) % p));
   for (int k = 0; (1 << k) < p; ++k) {
     LinkCost w;
@@ -146,8 +159,8 @@ CommCost Tuner::derive_cost(int nranks) const {
     }
     c.level.push_back(w);
   }
-  for (int i = 0; i < p; ++i) {
-    for (int j = 0; j < p; ++j) {
+  for (int i : reps) {
+    for (int j : reps) {
       if (i != j) worst(c.all, pair(i, j));
     }
   }
@@ -192,8 +205,8 @@ CommCost Tuner::derive_cost(int nranks) const {
       if (c.oversubscribed) c.mapped_factor = 1.0;
     }
   }
-  for (int i = 0; i < p; ++i) {
-    for (int j = 0; j < p; ++j) {
+  for (int i : reps) {
+    for (int j : reps) {
       if (i != j && rt.ranks[static_cast<size_t>(i)].host == rt.ranks[static_cast<size_t>(j)].host) worst(c.intra, pair(i, j));
     }
   }

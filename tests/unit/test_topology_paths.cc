@@ -6,10 +6,13 @@
 #include <map>
 #include <set>
 
+#include <sys/resource.h>
+
 #include "test_topology_util.h"
 #include "topology/paths.h"
 #include "topology/topo_xml.h"
 #include "topology/transport_select.h"
+#include "topology/tuner.h"
 
 namespace loom::topo {
 namespace {
@@ -92,9 +95,9 @@ TEST(TopologyNdv4, RanksTransportsAcrossHosts) {
   RankTopology rt = map_ranks(g, 16);
   EXPECT_EQ(rt.nhosts, 2);
   EXPECT_EQ(rt.ranks_per_host, 8);
-  EXPECT_EQ(rt.paths[0][1].type, PathType::kPix);
-  EXPECT_EQ(rt.paths[0][2].type, PathType::kSys);
-  EXPECT_EQ(rt.paths[0][8].type, PathType::kNet);
+  EXPECT_EQ(rt.path(0, 1).type, PathType::kPix);
+  EXPECT_EQ(rt.path(0, 2).type, PathType::kSys);
+  EXPECT_EQ(rt.path(0, 8).type, PathType::kNet);
   EXPECT_EQ(rt.ranks[8].nic, rt.ranks[0].nic);  // same local slot, same NIC
   // AMD host: NCCL's default allows P2P up to SYS.
   EXPECT_EQ(default_p2p_level(g), PathType::kSys);
@@ -171,8 +174,8 @@ TEST(TopologyPaths, NvLinkBeatsPciAndCpuRanksUseShm) {
   ASSERT_TRUE(cpu_only.is_ok());
   RankTopology c = map_ranks(cpu_only.value().graph, 4);
   EXPECT_EQ(c.nhosts, 1);
-  EXPECT_EQ(c.paths[0][2].type, PathType::kPhb);  // ranks 0 and 2 share NUMA 0
-  EXPECT_EQ(c.paths[0][1].type, PathType::kSys);
+  EXPECT_EQ(c.path(0, 2).type, PathType::kPhb);  // ranks 0 and 2 share NUMA 0
+  EXPECT_EQ(c.path(0, 1).type, PathType::kSys);
   EXPECT_EQ(choose_transport(cpu_only.value().graph, c, 0, 1).kind, TransportKind::kShm);
   // Two hosts without any NIC: socket, and the reason says why.
   RankTopology two = map_ranks(cpu_only.value().graph, 4, 2);
@@ -196,6 +199,89 @@ TEST(TopologyGraph, PcieBandwidthAndBusIds) {
   EXPECT_FALSE(normalize_busid("0000:3b:00", b));
   EXPECT_FALSE(normalize_busid("123456789:00:00.0", b));
   EXPECT_FALSE(normalize_busid("", b));
+}
+
+
+// The cost a pair of ranks is priced at (Tuner::derive_cost): transport and path.
+struct PairCost {
+  TransportKind kind;
+  PathType type;
+  double bw, latency;
+  bool operator==(const PairCost&) const = default;
+};
+PairCost pair_cost(const TopoGraph& g, const RankTopology& rt, int a, int b) {
+  const Path& p = rt.path(a, b);
+  return {choose_transport(g, rt, a, b).kind, p.type, p.bw, p.latency_us};
+}
+bool operator<(const PairCost& x, const PairCost& y) {
+  return std::tie(x.kind, x.type, x.bw, x.latency) < std::tie(y.kind, y.type, y.bw, y.latency);
+}
+
+// Paths are kept per pair of slot classes: every pair of ranks gets what a
+// path computed for it alone would be, and the representative ranks realise
+// exactly the (same host, cross host) costs that all pairs do, partial last
+// hosts and hosts with more ranks than GPUs included.
+TEST(TopologyPaths, SlotClassesGiveEveryPairItsPath) {
+  TopoGraph ndv4 = load("azure-ndv4.xml"), ndv2 = load("azure-ndv2.xml");
+  auto cpu = graph_from_xml_text("<system><cpu numaid=\"0\"/><cpu numaid=\"1\"/></system>", "cpu");
+  ASSERT_TRUE(cpu.is_ok());
+  struct Case {
+    const TopoGraph* g;
+    int n, per_host;
+  };
+  for (const Case& c : {Case{&ndv4, 16, 0}, Case{&ndv4, 12, 0}, Case{&ndv4, 20, 6}, Case{&ndv4, 40, 12},
+                        Case{&ndv2, 9, 4}, Case{&ndv2, 24, 0}, Case{&cpu.value().graph, 5, 0},
+                        Case{&cpu.value().graph, 7, 3}}) {
+    const TopoGraph& g = *c.g;
+    RankTopology rt = map_ranks(g, c.n, c.per_host);
+    std::set<std::pair<bool, PairCost>> all, reps;
+    for (int a = 0; a < rt.nranks; ++a) {
+      for (int b = 0; b < rt.nranks; ++b) {
+        const RankInfo& ra = rt.ranks[static_cast<size_t>(a)];
+        const RankInfo& rb = rt.ranks[static_cast<size_t>(b)];
+        const Path& p = rt.path(a, b);
+        // Against the path of the two endpoints, computed directly.
+        if (ra.host != rb.host) {
+          EXPECT_EQ(p.type, PathType::kNet);
+        } else if (a == b) {
+          EXPECT_EQ(p.type, PathType::kLocal);
+        } else if (ra.device >= 0) {
+          Path direct = find_path(g, ra.device, rb.device);
+          EXPECT_EQ(p.type, direct.type) << a << "->" << b;
+          EXPECT_EQ(p.bw, direct.bw) << a << "->" << b;
+          EXPECT_EQ(p.nodes, direct.nodes) << a << "->" << b;
+        }
+        if (a != b) all.insert({ra.host == rb.host, pair_cost(g, rt, a, b)});
+      }
+    }
+    const std::vector<int> r = rt.representatives();
+    for (int a : r)
+      for (int b : r)
+        if (a != b) reps.insert({rt.ranks[static_cast<size_t>(a)].host == rt.ranks[static_cast<size_t>(b)].host,
+                                 pair_cost(g, rt, a, b)});
+    EXPECT_EQ(reps, all) << "n=" << c.n << " per host " << c.per_host;
+  }
+}
+
+// A 4096-rank placement and its cost model stay small. Regression: map_ranks
+// kept a path per pair of ranks (16.7 M paths, 2.9 GB) and derive_cost
+// visited every pair twice (10 s at init on every rank).
+TEST(TopologyPaths, ThousandsOfRanksCostWhatOneHostDoes) {
+  TopoGraph g = load("azure-ndv4.xml");
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  RankTopology rt = map_ranks(g, 4096);
+  EXPECT_EQ(rt.nhosts, 512);
+  EXPECT_EQ(rt.path(3, 4000).type, PathType::kNet);
+  EXPECT_EQ(rt.path(4000, 4001).type, rt.path(0, 1).type);
+  EXPECT_LE(rt.representatives().size(), 24u);
+  Tuner t(g);
+  const CommCost c = t.cost(4096);
+  EXPECT_EQ(c.nhosts, 512);
+  EXPECT_GT(c.all.alpha_us, c.intra.alpha_us);  // the network is the worst pair
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64L * 1024) << "KiB of peak memory for the placement";
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "algorithms/algorithms.h"
 #include "common/test_util.h"
 #include "test_topology_util.h"
@@ -167,6 +169,26 @@ Collective collective_named(const std::string& name) {
     if (name == collective_name(static_cast<Collective>(c))) return static_cast<Collective>(c);
   ADD_FAILURE() << "no collective named " << name;
   return Collective::kAllReduce;
+}
+
+// The pairwise path and transport tables cover the first ranks only (JSON
+// 256, text 64): they grow as n^2. Regression: 1024 ranks wrote 265 MB of
+// JSON (2.4 GB of memory), 4096 ranks 168 MB of text.
+TEST(TopoCli, LargeJobsListTheFirstRanksPaths) {
+  const std::string topo = "env -u LOOM_ALGO -u LOOM_TUNER_PLUGIN LOOM_TOPO_QUIET=1 " + loom::testing::build_bin("loom-topo") +
+                           " --topo-file " + testing::shared_topology("azure-ndv4.xml") + " --nranks 300";
+  nlohmann::json j = nlohmann::json::parse(loom::testing::run_command(topo + " --json"), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["nranks"], 300);
+  EXPECT_EQ(j["ranks"].size(), 300u);
+  EXPECT_EQ(j["paths_ranks"], 256);
+  ASSERT_EQ(j["paths"].size(), 256u);
+  EXPECT_EQ(j["paths"][0].size(), 256u);
+  EXPECT_EQ(j["paths"][0][8]["type"], "NET");
+  EXPECT_EQ(j["transports"].size(), 256u * 255u);
+  const std::string text = loom::testing::run_command(topo);
+  EXPECT_NE(text.find("Path matrix (type / GB/s) of the first 64 of 300 ranks:"), std::string::npos) << text.substr(0, 2000);
+  EXPECT_EQ(text.find(" r64 "), std::string::npos);
 }
 
 // loom-topo --estimates prints what select() weighs: for every collective
