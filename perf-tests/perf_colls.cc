@@ -115,10 +115,10 @@ Result<Work> issue(Comm& comm, Bench b, const Buffers& buf, const Shape& s, cons
   return invalid_argument("unknown benchmark");
 }
 
-void fill_inputs(Bench b, const Buffers& buf, const Shape& s, const Options& o, int rank, int /*nranks*/) {
+void fill_inputs(Bench b, const Buffers& buf, const Shape& s, const Options& o, int rank, int nranks) {
   const RedOp fop = bench_reduces(b) ? o.op : RedOp::kSum;
   if (b == Bench::kBroadcast && rank != o.root) return;  // only the root's input is read
-  verifiable::fill(buf.send, s.send_count, o.dt, fop, rank);
+  verifiable::fill(buf.send, s.send_count, o.dt, fop, rank, nranks);
 }
 
 size_t count_wrong(Bench b, const Buffers& buf, const Shape& s, const Options& o, int r, int n, std::string* first) {

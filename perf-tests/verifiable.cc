@@ -28,11 +28,45 @@ double round_to(DataType dt, double v) {
 
 }  // namespace
 
-double input_value(int rank, size_t index, DataType dt, RedOp op) {
+namespace {
+
+// The average of a floating type: NCCL pre-multiplies each input by T(1/n)
+// and sums for fp16 / bf16 / fp8 (kernels::avg_premultiplies); float and
+// double are summed and divided once. Inputs are n * m (m small) so that the
+// pre-multiplied input is exactly m and every partial sum is exact in any
+// order; where the type cannot hold that (fp8 with some n), one rank per
+// element contributes T(n) and the others 0, so no partial sum rounds.
+double premultiplied(DataType dt, double x, int nranks) {
+  uint64_t in = 0, c = 0, out = 0;
+  kernels::store_element(&in, 0, dt, x);
+  kernels::reciprocal(dt, nranks, &c);
+  kernels::scale(&out, &in, 1, dt, &c);
+  return kernels::load_element(&out, 0, dt);
+}
+bool avg_multiples_exact(DataType dt, int nranks) {
+  if (!kernels::avg_premultiplies(dt)) return true;
+  for (int m = 1; m <= (is_fp8(dt) ? 1 : 2); ++m) {
+    const double x = static_cast<double>(nranks) * m;
+    if (round_to(dt, x) != x || premultiplied(dt, x, nranks) != m) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+double input_value(int rank, size_t index, DataType dt, RedOp op, int nranks) {
   const size_t r = static_cast<size_t>(rank);
   switch (op) {
-    case RedOp::kSum:
     case RedOp::kAvg:
+      if (is_floating(dt)) {
+        const double n = static_cast<double>(nranks);
+        if (!avg_multiples_exact(dt, nranks))
+          return r == index % static_cast<size_t>(nranks) ? round_to(dt, n) : 0;
+        if (is_fp8(dt)) return ((r + index) % 3 == 0) ? n : 0;  // partial sums <= 8
+        return n * (static_cast<double>((r * 7 + index * 3) % 5) - 2);
+      }
+      [[fallthrough]];
+    case RedOp::kSum:
       if (is_fp8(dt)) return ((r + index) % 3 == 0) ? 1 : 0;  // partial sums <= 8: exact in e5m2
       return static_cast<double>((r * 7 + index * 3) % 5) - (is_signed_int(dt) || is_floating(dt) ? 2 : 0);
     case RedOp::kProd:
@@ -48,9 +82,14 @@ double input_value(int rank, size_t index, DataType dt, RedOp op) {
 }
 
 double expected_value(size_t index, DataType dt, RedOp op, int nranks) {
-  double acc = input_value(0, index, dt, op);
+  if (op == RedOp::kAvg && kernels::avg_premultiplies(dt)) {
+    double acc = 0;  // exact: the inputs make every partial sum exact
+    for (int r = 0; r < nranks; ++r) acc += premultiplied(dt, input_value(r, index, dt, op, nranks), nranks);
+    return round_to(dt, acc);
+  }
+  double acc = input_value(0, index, dt, op, nranks);
   for (int r = 1; r < nranks; ++r) {
-    double v = input_value(r, index, dt, op);
+    double v = input_value(r, index, dt, op, nranks);
     switch (op) {
       case RedOp::kSum:
       case RedOp::kAvg: acc += v; break;
@@ -63,19 +102,16 @@ double expected_value(size_t index, DataType dt, RedOp op, int nranks) {
     if (is_int(dt)) {
       // Integer avg truncates toward zero, like C++ division.
       acc = static_cast<double>(static_cast<int64_t>(acc) / nranks);
-    } else if (dt == DataType::kFloat64) {
-      acc = acc / nranks;
     } else {
-      // Loom divides in float then rounds once to the type.
-      float q = static_cast<float>(acc) / static_cast<float>(nranks);
-      acc = static_cast<double>(q);
+      acc = acc / nranks;  // float and double: one division at the end (exact here)
     }
   }
   return round_to(dt, acc);
 }
 
-void fill(void* buf, size_t count, DataType dt, RedOp op, int rank, size_t index_offset) {
-  for (size_t i = 0; i < count; ++i) kernels::store_element(buf, i, dt, input_value(rank, index_offset + i, dt, op));
+void fill(void* buf, size_t count, DataType dt, RedOp op, int rank, int nranks, size_t index_offset) {
+  for (size_t i = 0; i < count; ++i)
+    kernels::store_element(buf, i, dt, input_value(rank, index_offset + i, dt, op, nranks));
 }
 
 size_t count_wrong_reduced(const void* buf, size_t count, DataType dt, RedOp op, int nranks, size_t index_offset,
@@ -97,7 +133,7 @@ size_t count_wrong_copied(const void* buf, size_t count, DataType dt, RedOp op, 
                           std::string* first) {
   size_t wrong = 0;
   for (size_t i = 0; i < count; ++i) {
-    double want = round_to(dt, input_value(rank, index_offset + i, dt, op));
+    double want = round_to(dt, input_value(rank, index_offset + i, dt, op, 0));  // op: never avg
     double got = kernels::load_element(buf, i, dt);
     if (got != want) {
       if (wrong == 0 && first)

@@ -14,6 +14,7 @@
 #include "core/calibrate.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "kernels/host_reduce.h"
 #include "topology/discover.h"
 #include "transport/hybrid_transport.h"
 
@@ -425,11 +426,39 @@ Status CommImpl::run_sub(SubOp& s) {
   Deadline deadline = coarse_deadline_after(timeout_s_);
   RankSchedule p2p_sched;
   const RankSchedule* sched = nullptr;
+  // The average of fp16 / bf16 / fp8, as NCCL computes it: every input times
+  // T(1/n), then summed (kernels::avg_premultiplies). Summing first and
+  // dividing once overflowed (fp16: 4 x 30000 -> inf) or saturated (e4m3:
+  // 4 x 256 -> 112). The scaled input is this op's own buffer; the schedule
+  // is the sum's, out of place. The recorder and fingerprint keep the avg.
+  const bool premul = a.op == RedOp::kAvg && nranks_ > 1 && a.count > 0 && kernels::avg_premultiplies(a.dt) &&
+                      (a.coll == Collective::kAllReduce || a.coll == Collective::kReduce ||
+                       a.coll == Collective::kReduceScatter);
+  CollArgs sum_args;
+  std::unique_ptr<std::byte[]> scaled;
+  std::vector<std::byte*> premul_bufs;
+  if (premul) {
+    sum_args = a;
+    sum_args.op = RedOp::kSum;
+    sum_args.in_place = false;
+    const size_t n = a.coll == Collective::kReduceScatter ? a.count * static_cast<size_t>(nranks_) : a.count;
+    scaled.reset(new (std::nothrow) std::byte[n * dtype_size(a.dt)]);
+    if (!scaled) return Status(StatusCode::kSystemError,
+                               fmt::format("{} of {} x {}: no memory for the scaled input", redop_name(a.op), n,
+                                           dtype_name(a.dt)));
+    std::byte inv[8];
+    kernels::reciprocal(a.dt, nranks_, inv);
+    kernels::scale(scaled.get(), s.bufs[0], n, a.dt, inv);
+    premul_bufs = s.bufs;
+    premul_bufs[0] = scaled.get();
+  }
+  const CollArgs& run_args = premul ? sum_args : a;
+  std::vector<std::byte*>& run_bufs = premul ? premul_bufs : s.bufs;
   if (a.coll == Collective::kSendRecv) {
     LOOM_ASSIGN_OR_RETURN(p2p_sched, make_schedule(a));
     sched = &p2p_sched;
   } else {
-    auto found = schedule_for(a);
+    auto found = schedule_for(run_args);
     if (!found.is_ok()) {
       if (s.defer_record) recorder_->on_enqueue(s.seq, s.coll_seq, s.args);  // diag: the failed op is on record
       return found.status();
@@ -471,7 +500,7 @@ Status CommImpl::run_sub(SubOp& s) {
   // ---- end diag
   // The op's name is only formatted when needed (errors), not per call.
   static const std::string kNoName;  // the executor's messages get the op's name below
-  Status st = exec_->run(*sched, s.bufs, a.dt, a.op, deadline, kNoName);
+  Status st = exec_->run(*sched, run_bufs, a.dt, run_args.op, deadline, kNoName);
   if (!st.is_ok()) {
     std::string what;
     if (a.coll == Collective::kSendRecv)

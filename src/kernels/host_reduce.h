@@ -17,7 +17,10 @@
 //    NCCL's fmaxf-based max, which drops a NaN when the other input is a number;
 //    a NaN gradient should surface rather than vanish depending on ring order.
 //    For +0 vs -0 the result is b (both compare equal).
-//  - kAvg reduces as kSum; the division happens once at the end via divide().
+//  - kAvg reduces as kSum; the division happens once at the end via divide(),
+//    except for fp16 / bf16 / fp8, which NCCL averages by pre-multiplying
+//    each input by T(1/n) and summing (avg_premultiplies, scale, reciprocal):
+//    their sums overflow or saturate long before the division.
 //
 // Pointers need no particular alignment (not even element alignment). dst may
 // alias a or b (or src) exactly, never partially. count == 0 does nothing (null
@@ -80,5 +83,17 @@ bool divide_avx2(void* dst, const void* src, size_t count, DataType dt, uint64_t
 void stream_copy_avx2(void* dst, const void* src, size_t bytes);
 
 }  // namespace detail
+
+// dst[i] = src[i] * scalar (one element of dt at `scalar`) in the type's own
+// arithmetic: integers wrap, the 16- and 8-bit float types multiply in float
+// and round once (round to nearest even, fp8 saturating). dst may be src.
+void scale(void* dst, const void* src, size_t count, DataType dt, const void* scalar);
+
+// True for the types whose average is a sum of inputs pre-multiplied by
+// T(1/n), as NCCL computes it (fp16, bf16, fp8): their sum of n inputs
+// overflows (fp16 4 x 30000) or saturates (e4m3 4 x 256) before a division.
+bool avg_premultiplies(DataType dt);
+// Writes T(1/n), one element of dt, to out (floating types only).
+void reciprocal(DataType dt, int n, void* out);
 
 }  // namespace loom::kernels

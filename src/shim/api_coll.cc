@@ -26,6 +26,7 @@
 
 #include "core/comm_impl.h"
 #include "cuda/cuda_loader.h"
+#include "kernels/host_reduce.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 #include "shim/staging.h"
@@ -325,11 +326,11 @@ const void* reduction_input(const void* send, size_t n, DataType dt,
     // operator (an immediate scalar lives inside it), not a pointer into the
     // call's state, which is gone by then (regression: TSan heap-use-after-free).
     so->before.push_back([=, op = *pm] {
-      scale(t, send, n, dt, op.immediate ? static_cast<const void*>(op.value) : op.pointer);
+      kernels::scale(t, send, n, dt, op.immediate ? static_cast<const void*>(op.value) : op.pointer);
     });
     return t;
   }
-  scale(t, send, n, dt, pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer);
+  kernels::scale(t, send, n, dt, pm->immediate ? static_cast<const void*>(pm->value) : pm->pointer);
   return t;
 }
 

@@ -9,7 +9,7 @@
 //   api_misc.cc  version, errors, queries, memory, registration, windows
 //   api_coll.cc  collectives, send/recv, PreMulSum operators
 //   staging.cc   CUDA device buffers staged through pinned host memory
-//   premul.cc    scaling kernels for PreMulSum (all 12 data types)
+//   (PreMulSum scales inputs with kernels::scale, src/kernels/scale.cc)
 //   alias.h      nccl* weak aliases of the pnccl* implementations
 //
 // Threading: a communicator is driven by one thread at a time (NCCL's rule),
@@ -232,11 +232,6 @@ void group_record(ncclComm* comm, PendingOp op);
 void group_add_creation(std::shared_future<Status> done, bool blocking);
 // Marks the open group failed (NCCL discards a group whose call failed).
 void group_fail(const Status& s);
-
-// ---- premul.cc -----------------------------------------------------------
-// dst[i] = src[i] * scalar in the type's own arithmetic (via float for the
-// 16- and 8-bit float types, rounding to nearest even).
-void scale(void* dst, const void* src, size_t count, DataType dt, const void* scalar);
 
 // ---- api_coll.cc ---------------------------------------------------------
 Result<DataType> check_dtype(ncclDataType_t dt);

@@ -94,25 +94,25 @@ Status run_case(Comm& comm, const Case& c) {
   if (c.in_place) {
     switch (c.coll) {
       case Collective::kReduceScatter:
-        fill(recvp, send_count, c.dt, fill_op, r);
+        fill(recvp, send_count, c.dt, fill_op, r, n);
         sendp = recvp;
         recvp = recvp + r * c.count * es;
         break;
       case Collective::kAllGather:
-        fill(recvp + r * c.count * es, c.count, c.dt, fill_op, r);
+        fill(recvp + r * c.count * es, c.count, c.dt, fill_op, r, n);
         sendp = recvp + r * c.count * es;
         break;
       case Collective::kAllToAll:
-        fill(recvp, send_count, c.dt, fill_op, r);
+        fill(recvp, send_count, c.dt, fill_op, r, n);
         sendp = recvp;
         break;
       default:
-        fill(recvp, send_count, c.dt, fill_op, r);
+        fill(recvp, send_count, c.dt, fill_op, r, n);
         sendp = recvp;
         break;
     }
   } else {
-    fill(sendp, send_count, c.dt, fill_op, r);
+    fill(sendp, send_count, c.dt, fill_op, r, n);
   }
   Result<Work> w = invalid_usage("unset");
   switch (c.coll) {
@@ -489,6 +489,14 @@ std::vector<std::string> loom_shm_segments() {
     closedir(d);
   }
   return out;
+}
+
+bool premultiply_avg(std::vector<std::vector<std::byte>>& inputs, size_t count, DataType dt, RedOp op) {
+  if (op != RedOp::kAvg || !kernels::avg_premultiplies(dt)) return false;
+  std::byte inv[8];
+  kernels::reciprocal(dt, static_cast<int>(inputs.size()), inv);
+  for (auto& in : inputs) kernels::scale(in.data(), in.data(), count, dt, inv);
+  return true;
 }
 
 }  // namespace loom::testing

@@ -20,6 +20,11 @@ namespace loom::testing {
 using verifiable::input_value;
 using verifiable::expected_value;
 using verifiable::fill;
+// The average of fp16 / bf16 / fp8 is a sum of inputs pre-multiplied by
+// T(1/n) (CommImpl::run_sub, as NCCL): for such (dt, op) scales every rank's
+// input in place (n = inputs.size()) and returns true; else returns false.
+// Schedule-level tests then run the sum, out of place, as the comm does.
+bool premultiply_avg(std::vector<std::vector<std::byte>>& inputs, size_t count, DataType dt, RedOp op);
 using verifiable::count_wrong_reduced;
 using verifiable::count_wrong_copied;
 

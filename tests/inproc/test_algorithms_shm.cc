@@ -6,7 +6,10 @@
 // LOOM_CHUNK_BYTES is lowered so the pipelined trees run many chunks.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "algorithms/algorithms.h"
@@ -96,6 +99,77 @@ TEST_P(ForcedAlgorithm, Matrix) {
   unsetenv("LOOM_CHUNK_BYTES");
   unsetenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES");
   unsetenv("LOOM_TIMEOUT");
+}
+
+// The average of fp16 / bf16 / fp8 is NCCL's: every input times T(1/n), then
+// summed. n copies of x whose sum the type cannot hold average to x
+// (power-of-two values: every partial sum is exact). Regression: Loom summed
+// first and divided once: fp16 / bf16 gave inf, fp8 its saturated sum / n
+// (e4m3 4 x 256 -> 112, e5m2 4 x 32768 -> 14336).
+TEST(AverageOfNarrowTypes, PremultipliesLikeNccl) {
+  const int n = 4;
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  struct Value {
+    DataType dt;
+    uint16_t bits;  // x in the type's encoding (8-bit types in the low byte)
+  };
+  const Value values[] = {{DataType::kFloat16, 0x7800},    // 32768
+                          {DataType::kBfloat16, 0x7f00},   // 2^127
+                          {DataType::kFp8E4M3, 0x78},      // 256
+                          {DataType::kFp8E5M2, 0x78}};     // 32768
+  for (const Value& v : values) {
+    const size_t es = dtype_size(v.dt), count = 5;
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        Comm& c = *(*comms)[static_cast<size_t>(r)];
+        auto fill = [&](std::vector<std::byte>& b) {
+          for (size_t i = 0; i < b.size(); i += es) std::memcpy(&b[i], &v.bits, es);
+        };
+        auto all_x = [&](const std::byte* p, size_t elems) {
+          for (size_t i = 0; i < elems; ++i)
+            if (std::memcmp(p + i * es, &v.bits, es) != 0) {
+              uint16_t got = 0;
+              std::memcpy(&got, p + i * es, es);
+              return fmt::format("element {} is 0x{:x}", i, got);
+            }
+          return std::string();
+        };
+        std::string& err = errors[static_cast<size_t>(r)];
+        std::vector<std::byte> send(count * n * es), recv(count * n * es);
+        fill(send);
+        auto check = [&](const char* what, Result<Work> w, const std::byte* p, size_t elems) {
+          if (!err.empty()) return;
+          if (!w.is_ok()) { err = std::string(what) + ": " + w.status().to_string(); return; }
+          Status st = w->wait();
+          if (!st.is_ok()) { err = std::string(what) + ": " + st.to_string(); return; }
+          std::string bad = all_x(p, elems);
+          if (!bad.empty()) err = std::string(what) + ": " + bad;
+        };
+        check("allreduce", c.allreduce(send.data(), recv.data(), count, v.dt, RedOp::kAvg), recv.data(), count);
+        fill(recv);
+        check("allreduce in place", c.allreduce(recv.data(), recv.data(), count, v.dt, RedOp::kAvg), recv.data(), count);
+        check("reduce_scatter", c.reduce_scatter(send.data(), recv.data(), count, v.dt, RedOp::kAvg), recv.data(), count);
+        fill(recv);
+        check("reduce_scatter in place",
+              c.reduce_scatter(recv.data(), recv.data() + static_cast<size_t>(r) * count * es, count, v.dt, RedOp::kAvg),
+              recv.data() + static_cast<size_t>(r) * count * es, count);
+        auto w = c.reduce(send.data(), recv.data(), count, v.dt, RedOp::kAvg, 1);
+        if (r == 1) check("reduce", std::move(w), recv.data(), count);
+        else if (err.empty() && (!w.is_ok() || !w->wait().is_ok())) err = "reduce failed";
+        // The input is the caller's and stays as it was.
+        if (err.empty()) {
+          std::string bad = all_x(send.data(), count * n);
+          if (!bad.empty()) err = "send buffer changed: " + bad;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << dtype_name(v.dt) << " rank " << r;
+  }
+  for (auto& c : *comms) EXPECT_TRUE(c->destroy().is_ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,

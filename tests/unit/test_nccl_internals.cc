@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kernels/float_conv.h"
+#include "kernels/host_reduce.h"
 #include "shim/shim.h"
 
 namespace loom::shim {
@@ -63,7 +64,7 @@ TEST(NcclShimErrors, LastErrorIsPerThread) {
 template <typename T>
 void expect_scaled_int(DataType dt, T x, T s, T want) {
   T out{};
-  scale(&out, &x, 1, dt, &s);
+  kernels::scale(&out, &x, 1, dt, &s);
   EXPECT_EQ(out, want) << dtype_name(dt);
 }
 
@@ -79,10 +80,10 @@ TEST(NcclShimPremul, IntegersWrapLikeTheGpu) {
 
 TEST(NcclShimPremul, FloatsScaleEveryElement) {
   float xs[5] = {1, -2, 0.5f, 3, 1e30f}, s = 0.25f, out[5];
-  scale(out, xs, 5, DataType::kFloat32, &s);
+  kernels::scale(out, xs, 5, DataType::kFloat32, &s);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], xs[i] * 0.25f);
   double d[2] = {1.5, -3}, ds = 2, dout[2];
-  scale(dout, d, 2, DataType::kFloat64, &ds);
+  kernels::scale(dout, d, 2, DataType::kFloat64, &ds);
   EXPECT_EQ(dout[0], 3.0);
   EXPECT_EQ(dout[1], -6.0);
 }
@@ -92,17 +93,17 @@ TEST(NcclShimPremul, NarrowFloatsRoundOnce) {
   // half: 1/3 * 3 is not exactly 1 in half precision; one rounding of the
   // exact product gives the same bits as the narrow multiply would.
   uint16_t x = float_to_fp16(1.0f / 3), s = float_to_fp16(3.0f), out = 0;
-  scale(&out, &x, 1, DataType::kFloat16, &s);
+  kernels::scale(&out, &x, 1, DataType::kFloat16, &s);
   EXPECT_EQ(out, float_to_fp16(fp16_to_float(x) * 3.0f));
   uint16_t bx = float_to_bf16(1.5f), bs = float_to_bf16(-2.0f), bout = 0;
-  scale(&bout, &bx, 1, DataType::kBfloat16, &bs);
+  kernels::scale(&bout, &bx, 1, DataType::kBfloat16, &bs);
   EXPECT_EQ(bf16_to_float(bout), -3.0f);
   // FP8 E4M3 saturates at 448 (NCCL's satfinite) instead of overflowing.
   uint8_t e = float_to_fp8e4m3(256.0f), es = float_to_fp8e4m3(4.0f), eout = 0;
-  scale(&eout, &e, 1, DataType::kFp8E4M3, &es);
+  kernels::scale(&eout, &e, 1, DataType::kFp8E4M3, &es);
   EXPECT_EQ(fp8e4m3_to_float(eout), 448.0f);
   uint8_t f = float_to_fp8e5m2(3.0f), fs = float_to_fp8e5m2(2.0f), fout = 0;
-  scale(&fout, &f, 1, DataType::kFp8E5M2, &fs);
+  kernels::scale(&fout, &f, 1, DataType::kFp8E5M2, &fs);
   EXPECT_EQ(fp8e5m2_to_float(fout), 6.0f);
 }
 

@@ -46,6 +46,10 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
   if (c == Collective::kAllGather) recv_count = count * n;
   if (c == Collective::kAllToAll) send_count = recv_count = count * n;
   const RedOp fill_op = reduces(c) ? op : RedOp::kSum;
+  // The average of fp16 / bf16 / fp8 as CommImpl::run_sub runs it: inputs
+  // pre-multiplied by T(1/n) into buffers of their own, summed out of place.
+  const bool premul = reduces(c) && op == RedOp::kAvg && kernels::avg_premultiplies(dt);
+  std::vector<std::vector<std::byte>> scaled(n);
   std::vector<std::vector<std::byte>> sendv(n), recvv(n);
   std::vector<RankSchedule> scheds;
   std::vector<std::vector<std::byte*>> bufs(n);
@@ -56,23 +60,27 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
     std::byte* rv = recvv[r].data();
     if (in_place) {
       if (c == Collective::kReduceScatter) {
-        fill(rv, send_count, dt, fill_op, r);
+        fill(rv, send_count, dt, fill_op, r, n);
         s = rv;
         rv = rv + r * count * es;
       } else if (c == Collective::kAllGather) {
-        fill(rv + r * count * es, count, dt, fill_op, r);
+        fill(rv + r * count * es, count, dt, fill_op, r, n);
         s = rv + r * count * es;
       } else {
-        fill(rv, send_count, dt, fill_op, r);
+        fill(rv, send_count, dt, fill_op, r, n);
         s = rv;
       }
     } else {
-      fill(s, send_count, dt, fill_op, r);
+      fill(s, send_count, dt, fill_op, r, n);
+    }
+    if (premul) {
+      scaled[r].assign(s, s + send_count * es);
+      s = scaled[r].data();
     }
     CollArgs a = rooted(c, n, r, root, count);
     a.dt = dt;
-    a.op = op;
-    a.in_place = in_place;
+    a.op = premul ? RedOp::kSum : op;
+    a.in_place = in_place && !premul;
     a.chunk_elems = chunk;
     if (hosts > 1)
       for (int q = 0; q < n; ++q) a.host_of_rank.push_back(q * hosts / n);
@@ -86,7 +94,8 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
     if (!sched.is_ok()) return "make_schedule: " + sched.status().to_string();
     scheds.push_back(std::move(sched).value());
   }
-  Status st = interpret(scheds, bufs, dt, op);
+  if (premul) testing::premultiply_avg(scaled, send_count, dt, op);
+  Status st = interpret(scheds, bufs, dt, premul ? RedOp::kSum : op);
   if (!st.is_ok()) return st.to_string();
   for (int r = 0; r < n; ++r) {
     std::string first;

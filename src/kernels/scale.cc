@@ -1,6 +1,7 @@
-// PreMulSum scaling: dst = src * scalar, element-wise, in the data type.
-//
-// Loom has no fused pre-multiply reduction, so the shim scales each rank's
+// Scaling: dst = src * scalar, element-wise, in the data type. Used where a
+// rank's input is pre-multiplied before a sum: the shim's PreMulSum ops, and
+// the average of the narrow float types (CommImpl::run_sub), as NCCL does.
+// Loom has no fused pre-multiply reduction: the caller scales each rank's
 // input into a temporary buffer and reduces that with sum. Integers wrap
 // modulo 2^bits (as on the GPU); narrow floats multiply in float and round
 // once: the product of two values of any of these types is exact in float,
@@ -10,9 +11,9 @@
 #include <type_traits>
 
 #include "kernels/float_conv.h"
-#include "shim/shim.h"
+#include "kernels/host_reduce.h"
 
-namespace loom::shim {
+namespace loom::kernels {
 
 namespace {
 
@@ -61,18 +62,36 @@ void scale(void* dst, const void* src, size_t n, DataType dt, const void* scalar
     case DataType::kUint64: return scale_int<uint64_t>(dst, src, n, scalar);
     case DataType::kFloat32: return scale_native<float>(dst, src, n, scalar);
     case DataType::kFloat64: return scale_native<double>(dst, src, n, scalar);
-    case DataType::kFloat16: return scale_narrow<uint16_t>(dst, src, n, scalar, kernels::fp16_to_float,
-                                                      kernels::float_to_fp16);
+    case DataType::kFloat16: return scale_narrow<uint16_t>(dst, src, n, scalar, fp16_to_float,
+                                                      float_to_fp16);
     case DataType::kBfloat16:
-      return scale_narrow<uint16_t>(dst, src, n, scalar, kernels::bf16_to_float,
-                                    kernels::float_to_bf16);
+      return scale_narrow<uint16_t>(dst, src, n, scalar, bf16_to_float,
+                                    float_to_bf16);
     case DataType::kFp8E4M3:
-      return scale_narrow<uint8_t>(dst, src, n, scalar, kernels::fp8e4m3_to_float,
-                                   kernels::float_to_fp8e4m3);
+      return scale_narrow<uint8_t>(dst, src, n, scalar, fp8e4m3_to_float,
+                                   float_to_fp8e4m3);
     case DataType::kFp8E5M2:
-      return scale_narrow<uint8_t>(dst, src, n, scalar, kernels::fp8e5m2_to_float,
-                                   kernels::float_to_fp8e5m2);
+      return scale_narrow<uint8_t>(dst, src, n, scalar, fp8e5m2_to_float,
+                                   float_to_fp8e5m2);
   }
 }
 
-}  // namespace loom::shim
+
+bool avg_premultiplies(DataType dt) {
+  return dt == DataType::kFloat16 || dt == DataType::kBfloat16 || dt == DataType::kFp8E4M3 || dt == DataType::kFp8E5M2;
+}
+
+void reciprocal(DataType dt, int n, void* out) {
+  const float r = 1.0f / static_cast<float>(n);
+  switch (dt) {
+    case DataType::kFloat16: store<uint16_t>(out, 0, float_to_fp16(r)); break;
+    case DataType::kBfloat16: store<uint16_t>(out, 0, float_to_bf16(r)); break;
+    case DataType::kFp8E4M3: store<uint8_t>(out, 0, float_to_fp8e4m3(r)); break;
+    case DataType::kFp8E5M2: store<uint8_t>(out, 0, float_to_fp8e5m2(r)); break;
+    case DataType::kFloat32: store<float>(out, 0, r); break;
+    case DataType::kFloat64: store<double>(out, 0, 1.0 / n); break;
+    default: break;  // integers average by a division (divide)
+  }
+}
+
+}  // namespace loom::kernels
