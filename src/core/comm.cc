@@ -182,6 +182,9 @@ Result<std::vector<std::unique_ptr<Comm>>> Comm::init_all(int nranks, const Conf
 }
 
 Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
+  // Regression: split and shrink after destroy used the released bootstrap
+  // (a null dereference) instead of failing as every other call does.
+  if (impl_->destroyed()) return invalid_usage("split: communicator used after destroy");
   // A revoked communicator splits through the bootstrap's star rendezvous:
   // its ring obeys the abort flag, and a revoke may have cut it mid-message.
   const bool revoked = impl_->revoked();
@@ -225,10 +228,14 @@ Result<std::unique_ptr<Comm>> Comm::split(int color, int key) {
     if (group[i].rank == me) new_rank = static_cast<int>(i);
   Config cfg = impl_->config();
   cfg.name = fmt::format("{}.split{}", impl_->name(), color);
+  // The parent's cancel flag was for the parent's init (comm.h: not looked at
+  // after init); regression: a set flag aborted every later split.
+  cfg.cancel.reset();
   return init_rank(ids[group.front().rank].uid, static_cast<int>(group.size()), new_rank, cfg);
 }
 
 Result<std::unique_ptr<Comm>> Comm::shrink(const std::vector<int>& exclude, bool abort_first, const Config& config) {
+  if (impl_->destroyed()) return invalid_usage("shrink: communicator used after destroy");
   const int n = impl_->size(), me = impl_->rank();
   std::vector<int> excl = exclude;
   std::sort(excl.begin(), excl.end());

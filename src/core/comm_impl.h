@@ -117,6 +117,7 @@ class CommImpl final : public diag::DiagClient {
   void set_caller_waits(bool on) { caller_waits_ = on; }
   void revoke();
   bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+  bool destroyed() const { return destroyed_.load(); }
   bool quiescent() const {
     return unfinished_.load(std::memory_order_acquire) == 0 && !running_at_issue_.load(std::memory_order_acquire);
   }
