@@ -404,7 +404,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
       // must stay at least a block in elements, or the block would go in
       // two slices, the second of one element, and the op would take an
       // extra phase (regression: TunerSizes.AWholeBlockChunkIsOneSlice).
-      if (sel->chunk_bytes && !env_raw("LOOM_CHUNK_BYTES"))
+      if (sel->chunk_bytes && !params::chunk_bytes_if_set())
         args.chunk_elems = std::max<size_t>(1, (sel->chunk_bytes + dtype_size(a.dt) - 1) / dtype_size(a.dt));
       LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us, chunk {} B{})", name_, rank_,
                 collective_name(a.coll), bytes, a.in_place ? " in place" : "", chosen, sel->source, sel->predicted_us,

@@ -1,5 +1,8 @@
 #include "core/config.h"
 
+#include <fmt/format.h>
+#include "core/log.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cerrno>
@@ -7,6 +10,8 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <string>
 #include <unistd.h>
 
@@ -147,12 +152,32 @@ const char* env_raw(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
-int64_t env_int(const char* name, int64_t def) {
+namespace {
+
+// Once per variable: a malformed value and the default taken instead.
+void warn_malformed(const char* name, const char* value, const char* what, const std::string& def) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!warned.insert(name).second) return;
+  }
+  LOOM_WARN(kLogEnv, "{}={}: not {}; using the default {}", name, value, what, def);
+}
+
+}  // namespace
+
+int64_t env_int(const char* name, int64_t def, int64_t lo, int64_t hi) {
   const char* v = env_raw(name);
   if (!v) return def;
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v, &end, 10);
-  return (end && *end == '\0') ? x : def;
+  if (end == v || *end != '\0' || errno == ERANGE || x < lo || x > hi) {
+    warn_malformed(name, v, fmt::format("an integer in [{}, {}]", lo, hi).c_str(), std::to_string(def));
+    return def;
+  }
+  return x;
 }
 
 double env_double(const char* name, double def) {
@@ -160,14 +185,24 @@ double env_double(const char* name, double def) {
   if (!v) return def;
   char* end = nullptr;
   double x = std::strtod(v, &end);
-  return (end && *end == '\0') ? x : def;
+  if (end == v || *end != '\0') {
+    warn_malformed(name, v, "a number", fmt::format("{}", def));
+    return def;
+  }
+  return x;
 }
 
 bool env_bool(const char* name, bool def) {
   const char* v = env_raw(name);
   if (!v) return def;
-  return !(std::strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 ||
-           strcasecmp(v, "off") == 0);
+  if (strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 || strcasecmp(v, "off") == 0) return false;
+  if (strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "on") == 0) return true;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (end != v && *end == '\0') return x != 0;
+  // Regression: anything but 0/false/no/off read as true ("0 " too).
+  warn_malformed(name, v, "a boolean (1/0, true/false, yes/no, on/off)", def ? "1" : "0");
+  return def;
 }
 
 std::string env_string(const char* name, const std::string& def) {
@@ -195,6 +230,7 @@ bool parse_bytes(const std::string& text, uint64_t* out) {
       default: return false;
     }
     ++end;
+    if (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ++end;  // KiB, MiB, GiB
     if (*end == 'B' || *end == 'b') ++end;
     if (*end) return false;
   } else if (fraction) {
@@ -224,10 +260,23 @@ bool parse_bytes_list(const std::string& text, std::vector<size_t>* out) {
   }
 }
 
+std::optional<uint64_t> env_bytes_if_set(const char* name) {
+  const char* v = env_raw(name);
+  uint64_t x = 0;
+  if (!v) return std::nullopt;
+  if (parse_bytes(v, &x)) return x;
+  warn_malformed(name, v, "a byte count (8, 64K, 1M, 1MiB)", "for this context");
+  return std::nullopt;
+}
+
 uint64_t env_bytes(const char* name, uint64_t def) {
   const char* v = env_raw(name);
   uint64_t x = 0;
-  return (v && parse_bytes(v, &x)) ? x : def;
+  if (!v) return def;
+  if (parse_bytes(v, &x)) return x;
+  // Regression: a malformed value (256KiB, 1e3) silently read as the default.
+  warn_malformed(name, v, "a byte count (8, 64K, 1M, 1MiB)", std::to_string(def));
+  return def;
 }
 
 namespace params {
@@ -282,7 +331,7 @@ int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks)
 }
 
 uint64_t shm_fifo_step_bytes(int local_ranks) {
-  if (env_raw("LOOM_SHM_FIFO_STEP_BYTES")) return env_bytes("LOOM_SHM_FIFO_STEP_BYTES", 0);
+  if (auto v = env_bytes_if_set("LOOM_SHM_FIFO_STEP_BYTES")) return *v;
   // With a core per rank the receiver copies one step out while the sender
   // copies the next in. Measured, 2 ranks, min of 8-12 interleaved rounds,
   // unlimited -> 256K: allreduce 1/4/16 MiB 99.7/440/3733 -> 73.4/428/3645 us
@@ -295,7 +344,7 @@ uint64_t shm_fifo_step_bytes(int local_ranks) {
 }
 
 uint64_t shm_single_copy_bytes(int local_ranks) {
-  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return env_bytes("LOOM_SHM_SINGLE_COPY_BYTES", kSingleCopyBytes);
+  if (auto v = env_bytes_if_set("LOOM_SHM_SINGLE_COPY_BYTES")) return *v;
   // Ranks that are threads of one process (their single copy is a memcpy
   // from the peer's buffer); between processes see shm_single_copy_xproc_bytes.
   // A reduced message read single copy saves the sender's copy into the FIFO but
@@ -311,7 +360,7 @@ uint64_t shm_single_copy_bytes(int local_ranks) {
   return kSingleCopyBytes;
 }
 uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
-  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
+  if (env_bytes_if_set("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
   // Between processes, the messages of a reducing collective (allreduce,
   // reduce_scatter, reduce: RankSchedule::reduced_class, every message of
   // the op, since its stored ones carry blocks the op has just reduced) go
@@ -333,9 +382,8 @@ uint64_t shm_single_copy_xproc_bytes(int local_ranks) {
   return 0;
 }
 uint64_t shm_single_copy_plain_bytes(int local_ranks) {
-  if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES"))
-    return env_bytes("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", kSingleCopyBytes);
-  if (env_raw("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
+  if (auto v = env_bytes_if_set("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES")) return *v;
+  if (env_bytes_if_set("LOOM_SHM_SINGLE_COPY_BYTES")) return shm_single_copy_bytes(local_ranks);
   // 256K, with or without a CPU per rank. Single copy reads the sender's
   // buffer where its owner last wrote it. Data written just before the call
   // (gradients, activations, the previous op's result) sits dirty in the
@@ -355,7 +403,7 @@ uint64_t shm_single_copy_plain_bytes(int local_ranks) {
   return kSingleCopyBytes;
 }
 uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks) {
-  if (env_raw("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES") || env_raw("LOOM_SHM_SINGLE_COPY_BYTES"))
+  if (env_bytes_if_set("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES") || env_bytes_if_set("LOOM_SHM_SINGLE_COPY_BYTES"))
     return shm_single_copy_plain_bytes(local_ranks);
   // Between processes with a CPU per rank, the stored messages (all_gather,
   // all_to_all, send/recv) go through the FIFO too, now that its steps let
@@ -385,14 +433,26 @@ uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks) {
   return 0;
 }
 
-uint64_t chunk_bytes() { return env_bytes("LOOM_CHUNK_BYTES", 512ull << 10); }
+std::optional<uint64_t> chunk_bytes_if_set() {
+  // A chunk of a few bytes pipelines element by element: LOOM_CHUNK_BYTES=0
+  // ran a 4 MiB allreduce 75x slower in 18x the memory (and 1 GB would have
+  // needed ~90 GB of schedule). Below kMinChunkBytes the value is refused.
+  auto v = env_bytes_if_set("LOOM_CHUNK_BYTES");
+  if (v && *v < kMinChunkBytes) {
+    warn_malformed("LOOM_CHUNK_BYTES", env_raw("LOOM_CHUNK_BYTES"),
+                   fmt::format("at least {} bytes", kMinChunkBytes).c_str(), "(the cost model's chunk)");
+    return std::nullopt;
+  }
+  return v;
+}
+uint64_t chunk_bytes() { return chunk_bytes_if_set().value_or(512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
-int shm_shared_copy() { return static_cast<int>(env_int("LOOM_SHM_SHARED_COPY", 1)); }
-int shm_slots() { return static_cast<int>(env_int("LOOM_SHM_SLOTS", 1)); }
-int shm_map_shared() { return static_cast<int>(env_int("LOOM_SHM_MAP_SHARED", 1)); }
+int shm_shared_copy() { return env_bool("LOOM_SHM_SHARED_COPY", true) ? 1 : 0; }
+int shm_slots() { return env_bool("LOOM_SHM_SLOTS", true) ? 1 : 0; }
+int shm_map_shared() { return env_bool("LOOM_SHM_MAP_SHARED", true) ? 1 : 0; }
 uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
-int max_queued_ops() { return static_cast<int>(std::max<int64_t>(0, env_int("LOOM_MAX_QUEUED_OPS", 1024))); }
+int max_queued_ops() { return static_cast<int>(std::max<int64_t>(0, env_int("LOOM_MAX_QUEUED_OPS", 1024))); }  // int range
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }
 std::string transport() { return env_string("LOOM_TRANSPORT", "auto"); }
 int socket_nsocks() { return static_cast<int>(env_int("LOOM_SOCKET_NSOCKS", 2)); }

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,13 +26,21 @@ const std::vector<ParamInfo>& all_params();
 // Raw lookup: the environment value, or nullptr when unset or empty.
 const char* env_raw(const char* name);
 
-int64_t env_int(const char* name, int64_t def);
+// Typed lookups: the default when unset; a value that does not parse (or,
+// env_int, lies outside [lo, hi]) is warned about once per variable
+// (WARN ENV, naming it and the default taken) and reads as the default.
+int64_t env_int(const char* name, int64_t def, int64_t lo = INT32_MIN, int64_t hi = INT32_MAX);
 double env_double(const char* name, double def);
+// 1/0, true/false, yes/no, on/off (any case), or an integer (0 = false).
 bool env_bool(const char* name, bool def);
 std::string env_string(const char* name, const std::string& def);
-// Accepts plain numbers and K/M/G suffixes (powers of 1024).
+// Accepts plain numbers and K/M/G suffixes (powers of 1024; KiB/MiB/GiB too).
 uint64_t env_bytes(const char* name, uint64_t def);
-// Parses "64K", "1M", "8" -> bytes; false on malformed input.
+// The value when set and well formed; nullopt when unset or malformed
+// (warned as above). For parameters whose default depends on the context:
+// a malformed value keeps the contextual default, not a fixed one.
+std::optional<uint64_t> env_bytes_if_set(const char* name);
+// Parses "64K", "1M", "1MiB", "8" -> bytes; false on malformed input.
 bool parse_bytes(const std::string& text, uint64_t* out);
 // Parses "8,4K,1M" (parse_bytes per item); false on an empty list or item.
 bool parse_bytes_list(const std::string& text, std::vector<size_t>* out);
@@ -64,6 +74,10 @@ uint64_t shm_single_copy_plain_bytes(int local_ranks);
 // else LOOM_SHM_SINGLE_COPY_PLAIN_BYTES's default; either variable set, its value).
 uint64_t shm_single_copy_plain_xproc_bytes(int local_ranks);
 uint64_t chunk_bytes();      // LOOM_CHUNK_BYTES
+// LOOM_CHUNK_BYTES when set, well formed and at least kMinChunkBytes (else
+// warned about and nullopt: the cost model's chunk stays).
+inline constexpr uint64_t kMinChunkBytes = 4096;
+std::optional<uint64_t> chunk_bytes_if_set();
 int spin_count();            // LOOM_SPIN
 int engine_spin_us();        // LOOM_ENGINE_SPIN_US
 int max_queued_ops();        // LOOM_MAX_QUEUED_OPS (0 = unbounded)

@@ -51,14 +51,20 @@ void configure() {
   while (pos <= sub.size()) {
     size_t comma = sub.find(',', pos);
     std::string tok = sub.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    // "COLL, INIT": the space is not part of the name (regression: INIT was dropped).
+    tok.erase(0, tok.find_first_not_of(" \t"));
+    tok.erase(tok.find_last_not_of(" \t") + 1);
     for (auto& c : tok) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
     for (const auto& e : kSubsys)
       if (tok == e.name) mask |= e.bit;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
-  if (mask == 0) mask = kLogAll;
-  g_log_subsys = exclude ? ~mask : mask;
+  // No known name: everything. Excluding only unknown names (NCCL's
+  // ^GRAPH, copied from NCCL_DEBUG_SUBSYS) excludes nothing. Regression: it
+  // excluded everything, WARN included.
+  if (exclude) g_log_subsys = ~mask;
+  else g_log_subsys = mask == 0 ? kLogAll : mask;
   std::string file = env_string("LOOM_DEBUG_FILE", "");
   if (g_out && g_out != stderr) fclose(g_out);
   g_out = stderr;
