@@ -25,7 +25,7 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_TIMEOUT", "double", "300",
        "Deadline in seconds for every wait of an operation (connect, send, receive); "
        "on expiry the operation fails naming the peer and step, and the communicator is marked failed. "
-       "0, a negative value or inf: no deadline (at most 1e7 s)."},
+       "0, a negative value or `inf`: no deadline (at most 1e7 s, ~116 days; larger values are clamped)."},
       {"LOOM_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO, TRACE (NCCL_DEBUG is honoured by the shim)."},
       {"LOOM_DEBUG_SUBSYS", "string", "ALL",
        "Comma list of subsystems to log: INIT, COLL, P2P, SHM, NET, BOOT, ENV, TOPO, TUNE, DIAG, ALL; ^ prefix excludes."},
@@ -33,7 +33,9 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_RANK", "int", "", "This process's rank (env bootstrap)."},
       {"LOOM_WORLD_SIZE", "int", "", "Number of ranks (env bootstrap)."},
       {"LOOM_ROOT_ADDR", "string", "", "host:port where rank 0 listens for the rendezvous (env bootstrap)."},
-      {"LOOM_SHM_FIFO_BYTES", "bytes", "2M", "Size of each shared-memory FIFO between two ranks (one per direction)."},
+      {"LOOM_SHM_FIFO_BYTES", "bytes", "2M",
+       "Size of each shared-memory FIFO between two ranks (one per direction). Must be the same on every rank of a "
+       "host: ranks that differ fail at setup, naming it."},
       {"LOOM_COPY_STREAM_BYTES", "bytes", "auto",
        "Local copies (an out-of-place all_gather's or broadcast root's own block) of at least this size use streaming "
        "stores, which do not read the destination into the cache first; 0 disables. auto: a quarter of the "
@@ -57,10 +59,11 @@ std::vector<ParamInfo>& registry() {
        "steps on both cores, and 1.1-1.5x oversubscribed, except send/recv at 1-16M); between threads "
        "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
        "that never change between calls, as in nccl-tests' loop)."},
-      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce, of binomial broadcast, of the ring allreduce's slices and of the columns of Rabenseifner (allreduce, reduce_scatter) and of the recursive-doubling all_gather; set, it overrides the cost model's chunk."},
+      {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce, of binomial broadcast, of the ring allreduce's slices and of the columns of Rabenseifner (allreduce, reduce_scatter) and of the recursive-doubling all_gather; set, it overrides the cost model's chunk. At least 4K (smaller values are refused with a warning); must be the same on every rank."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "
-       "LOOM_TUNE_BW_GBPS too (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
+       "LOOM_TUNE_BW_GBPS too, one without the other or a value that is not a number fails init naming the "
+       "variable; 0 is accepted (perf-tests/algo_sweep.sh prints fitted values). Unset: from the topology."},
       {"LOOM_TUNE_BW_GBPS", "double", "", "Cost model calibration: measured bandwidth (GB/s) between ring neighbours."},
       {"LOOM_TUNE_REDUCE_GBPS", "double", "", "Cost model calibration: measured reduction throughput (GB/s)."},
       {"LOOM_TUNE_CALIBRATE", "bool", "0",
@@ -105,12 +108,14 @@ std::vector<ParamInfo>& registry() {
        "auto: shared memory between ranks of one host, TCP sockets between hosts; socket: TCP for every peer "
        "(tests, benchmarks); shm: shared memory only (init fails if a rank is on another host)."},
       {"LOOM_SOCKET_IFNAME", "string", "",
-       "Interface for sockets (NCCL grammar: prefix list, ^ excludes, = exact). Unset: the interface that routes to "
-       "the rendezvous root."},
+       "Interface for sockets (NCCL grammar: prefix list, ^ excludes, = exact). Unset: `get_unique_id`'s root picks "
+       "as NCCL does (ib*, then any but lo/docker*, then docker*, then lo); other ranks listen on the interface that "
+       "routes to the root."},
       {"LOOM_SOCKET_NSOCKS", "int", "2", "TCP streams per peer pair; each message is cut into slices spread over them."},
       {"LOOM_SOCKET_NTHREADS", "int", "2", "Progress threads per rank that move bytes between rings and sockets."},
       {"LOOM_SOCKET_SLICE_BYTES", "bytes", "64K",
-       "Bytes sent on one stream before moving to the next (the connecting rank's value is used by both)."},
+       "Bytes sent on one stream before moving to the next (the connecting rank's value is used by both); 4 KiB to "
+       "64 MiB, larger values are clamped with a warning."},
       {"LOOM_SOCKET_BUF_BYTES", "bytes", "4M", "Staging ring per peer and direction between the executor and the sockets."},
       {"LOOM_SOCKET_SOCKBUF", "bytes", "0",
        "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (which grows beyond what a fixed "
