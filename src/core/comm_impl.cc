@@ -94,6 +94,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
+  LOOM_RETURN_IF_ERROR(c->agree_settings(deadline));
   LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
   c->boot_->set_abort_flag(&c->abort_);  // from now on abort() is the way
   c->max_queued_ = static_cast<size_t>(params::max_queued_ops());
@@ -710,6 +711,44 @@ Status CommImpl::destroy() {
   exec_.reset();
   transport_.reset();
   boot_.reset();
+  return Status::ok();
+}
+
+Status CommImpl::agree_settings(Deadline deadline) {
+  // Regression: LOOM_CHUNK_BYTES=64K on one rank of three hung every
+  // pipelined broadcast / allreduce / reduce until the timeout ("recv ...
+  // (281560 of 289216 bytes done)"), naming nothing about the variable.
+  struct Setting {
+    const char* name;
+    std::string value;  // as this rank reads it
+  };
+  const uint64_t chunk = params::chunk_bytes_if_set().value_or(0);
+  const std::vector<Setting> mine = {
+      {"LOOM_CHUNK_BYTES", chunk ? std::to_string(chunk) : "(unset)"},
+      {"LOOM_ALGO", env_string("LOOM_ALGO", "(unset)")},
+      {"LOOM_TUNE_ALPHA_US", env_string("LOOM_TUNE_ALPHA_US", "(unset)")},
+      {"LOOM_TUNE_BW_GBPS", env_string("LOOM_TUNE_BW_GBPS", "(unset)")},
+      {"LOOM_TUNE_REDUCE_GBPS", env_string("LOOM_TUNE_REDUCE_GBPS", "(unset)")},
+  };
+  auto fnv = [](const std::string& v) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char ch : v) h = (h ^ ch) * 1099511628211ull;
+    return h;
+  };
+  constexpr size_t kSettings = 5;
+  std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);
+  for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv(mine[i].value);
+  LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kSettings * sizeof(uint64_t), deadline).with_context("settings exchange"));
+  for (size_t i = 0; i < kSettings; ++i) {
+    for (int r = 0; r < nranks_; ++r) {
+      if (all[static_cast<size_t>(r) * kSettings + i] == all[i]) continue;
+      // Every rank sees the same table, so every rank fails alike; this
+      // rank's own value is named (the others' are only hashes here).
+      return invalid_argument(fmt::format(
+          "{} differs between ranks (rank 0 and rank {} disagree; this is rank {}, {}={}): it must be the same on "
+          "every rank", mine[i].name, r, rank_, mine[i].name, mine[i].value));
+    }
+  }
   return Status::ok();
 }
 

@@ -183,6 +183,11 @@ class CommImpl final : public diag::DiagClient {
   Result<const RankSchedule*> schedule_for(const CollArgs& args);
   // LOOM_TUNE_CALIBRATE=1: measure links and reduction, agree, and feed the tuner (core/calibrate.h).
   Status calibrate_tuner(Deadline deadline);
+  // Fails init, naming the variable and two ranks' values, when a setting
+  // that shapes every schedule differs between ranks (LOOM_CHUNK_BYTES,
+  // LOOM_ALGO, LOOM_TUNE_*): such ranks would run different schedules and
+  // wait for each other until the timeout.
+  Status agree_settings(Deadline deadline);
 
   int rank_ = 0, nranks_ = 0;
   std::string name_;

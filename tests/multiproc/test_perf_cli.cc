@@ -281,6 +281,19 @@ TEST_F(PerfCli, StepFactorOneAddsTheStepBytes) {
   EXPECT_EQ(sizes, (std::vector<std::string>{"1536", "2560", "3584"})) << r.out;
 }
 
+// A setting that shapes every schedule must agree between ranks: init fails
+// on every rank, naming it. Regression: LOOM_CHUNK_BYTES=64K on one rank of
+// three hung an 8 MiB broadcast until the deadline, naming nothing.
+TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
+  Outcome r = run(bin_dir() + "/loomrun -n 3 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_CHUNK_BYTES=64K; fi; exec " + bin_dir() +
+                  "/broadcast_perf -b 8M -e 8M -n 1 -w 1 -T 20'");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("LOOM_CHUNK_BYTES differs between ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("this is rank 1, LOOM_CHUNK_BYTES=65536"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Timeout"), std::string::npos) << r.out;
+}
+
 // -d all / -o all / -r all (nccl-tests): one sweep per type, per op and per
 // root, types outermost, every row verified. Regression: "all" was refused.
 TEST_F(PerfCli, AllTypesOpsAndRootsSweepEveryCombination) {
