@@ -325,13 +325,26 @@ size_t divide_vector_part(DataType dt, void* d, const void* s, size_t n, uint64_
   }
 }
 
+// The element size, here rather than loom::dtype_size (an inline function of
+// types.h: at -O0 an out-of-line copy of it compiled in this file is a weak
+// symbol the linker may pick for every caller; see the top of the file).
+size_t element_bytes(DataType dt) {
+  switch (dt) {
+    case DataType::kInt8: case DataType::kUint8: case DataType::kFp8E4M3: case DataType::kFp8E5M2: return 1;
+    case DataType::kFloat16: case DataType::kBfloat16: return 2;
+    case DataType::kInt32: case DataType::kUint32: case DataType::kFloat32: return 4;
+    case DataType::kInt64: case DataType::kUint64: case DataType::kFloat64: return 8;
+  }
+  return 1;
+}
+
 }  // namespace
 
 bool reduce2_avx2(void* dst, const void* a, const void* b, size_t count, DataType dt, RedOp op) {
   const size_t done = reduce_vector_part(dt, op, dst, a, b, count);
   if (done == kUnsupported) return false;
   if (done < count) {
-    const size_t off = done * dtype_size(dt);
+    const size_t off = done * element_bytes(dt);
     reduce2_scalar(static_cast<char*>(dst) + off, static_cast<const char*>(a) + off,
                    static_cast<const char*>(b) + off, count - done, dt, op);
   }
@@ -343,7 +356,8 @@ void stream_copy_avx2(void* dst, const void* src, size_t bytes) {
   const auto* s = static_cast<const std::byte*>(src);
   // Head up to a 32-byte aligned destination, then 128 bytes per iteration
   // with streaming stores, then the tail: the ends through memcpy.
-  const size_t head = std::min(bytes, static_cast<size_t>((32 - reinterpret_cast<uintptr_t>(d) % 32) % 32));
+  const size_t to_aligned = static_cast<size_t>((32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
+  const size_t head = to_aligned < bytes ? to_aligned : bytes;  // not std::min: see the top of the file
   std::memcpy(d, s, head);
   size_t i = head;
   for (; i + 128 <= bytes; i += 128) {
@@ -366,7 +380,7 @@ bool divide_avx2(void* dst, const void* src, size_t count, DataType dt, uint64_t
   const size_t done = divide_vector_part(dt, dst, src, count, n);
   if (done == kUnsupported) return false;
   if (done < count) {
-    const size_t off = done * dtype_size(dt);
+    const size_t off = done * element_bytes(dt);
     divide_scalar(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, count - done, dt, n);
   }
   return true;
