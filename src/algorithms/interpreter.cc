@@ -41,7 +41,7 @@ void apply_local_step(const Step& s, std::byte* dst, const std::byte* src, const
 }
 
 Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::vector<std::byte*>> bufs, DataType dt,
-                 RedOp op) {
+                 RedOp op, const std::vector<std::vector<size_t>>& elems) {
   const int n = static_cast<int>(schedules.size());
   const size_t es = dtype_size(dt);
   if (static_cast<int>(bufs.size()) != n) return invalid_argument("interpret: one buffer table per rank needed");
@@ -50,6 +50,7 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
     if (bufs[r].size() <= kBufScratch) bufs[r].resize(kBufScratch + 1, nullptr);
     if (!bufs[r][kBufScratch] && schedules[r].scratch_count) {
       scratch[r] = std::make_unique<std::byte[]>(schedules[r].scratch_count * es);
+      std::memset(scratch[r].get(), 0x7f, schedules[r].scratch_count * es);  // not zeros: see interpreter.h
       bufs[r][kBufScratch] = scratch[r].get();
     }
   }
@@ -59,6 +60,10 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
     if (b.buf == kBufScratch && b.offset + count > schedules[r].scratch_count)
       return internal_error(fmt::format("rank {}: {} overruns scratch ({} + {} > {})", r, what, b.offset, count,
                                         schedules[r].scratch_count));
+    if (b.buf != kBufScratch && static_cast<size_t>(r) < elems.size() && b.buf < elems[r].size() &&
+        b.offset + count > elems[r][b.buf])
+      return internal_error(fmt::format("rank {}: {} overruns buffer {} ({} + {} > {} elements)", r, what, b.buf,
+                                        b.offset, count, elems[r][b.buf]));
     return bufs[r][b.buf] + b.offset * es;
   };
   std::map<std::pair<int, int>, std::deque<Message>> queues;
@@ -107,24 +112,43 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
             if (!is_comm_step(c.kind) || c.count == 0) continue;
             const bool is_send = c.kind == StepKind::kSend;
             LOOM_ASSIGN_OR_RETURN(std::byte * cb, resolve(r, is_send ? c.src : c.dst, c.count, "step"));
-            auto hits = [&](const std::byte* p) { return p < cb + c.count * es && cb < p + o.count * es; };
-            if (hits(od) || (!is_send && hits(os)))
+            auto hits_at = [&](const std::byte* base, const std::byte* p) {
+              return p < base + c.count * es && base < p + o.count * es;
+            };
+            auto hits = [&](const std::byte* p) { return hits_at(cb, p); };
+            bool conflict = hits(od) || (!is_send && hits(os));
+            if (c.kind == StepKind::kRecvReduce) {  // its local operand is read while the copy writes
+              LOOM_ASSIGN_OR_RETURN(std::byte * cs, resolve(r, c.src, c.count, "step"));
+              conflict = conflict || hits_at(cs, od);
+            }
+            if (conflict)
               return internal_error(fmt::format("rank {} phase {}: overlapped '{}' conflicts with '{}'", r, rs.phase,
                                                 describe(o), describe(c)));
           }
         }
         // Hazards: a send must not read what a receive of this phase writes,
-        // and two receives must not write the same bytes.
+        // nor a receive-reduce its local operand, and two receives must not
+        // write the same bytes.
         for (size_t i = 0; i < ph.steps.size(); ++i) {
           const Step& a = ph.steps[i];
           if (!is_comm_step(a.kind)) continue;
           for (size_t j = 0; j < ph.steps.size(); ++j) {
             const Step& b = ph.steps[j];
             if (i == j || b.kind == StepKind::kSend || !is_comm_step(b.kind) || a.count == 0 || b.count == 0) continue;
-            if (a.kind != StepKind::kSend && j < i) continue;
-            LOOM_ASSIGN_OR_RETURN(std::byte * pa, resolve(r, a.kind == StepKind::kSend ? a.src : a.dst, a.count, "step"));
             LOOM_ASSIGN_OR_RETURN(std::byte * pb, resolve(r, b.dst, b.count, "step"));
-            if (pa < pb + b.count * es && pb < pa + a.count * es)
+            auto overlaps = [&](const std::byte* pa) { return pa < pb + b.count * es && pb < pa + a.count * es; };
+            bool hazard = false;
+            if (a.kind == StepKind::kSend || j > i) {  // two receives' destinations: once per pair
+              LOOM_ASSIGN_OR_RETURN(std::byte * pa, resolve(r, a.kind == StepKind::kSend ? a.src : a.dst, a.count, "step"));
+              hazard = overlaps(pa);
+            }
+            if (a.kind == StepKind::kRecvReduce) {
+              // Its local operand is read while the other receive writes
+              // (the executor progresses both at once).
+              LOOM_ASSIGN_OR_RETURN(std::byte * ps, resolve(r, a.src, a.count, "step"));
+              hazard = hazard || overlaps(ps);
+            }
+            if (hazard)
               return internal_error(fmt::format("rank {} phase {}: '{}' overlaps '{}' written in the same phase", r,
                                                 rs.phase, describe(a), describe(b)));
           }

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/patterns.h"
 #include "algorithms/interpreter.h"
 #include "common/test_util.h"
 #include "kernels/host_reduce.h"
@@ -53,6 +54,9 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
   std::vector<std::vector<std::byte>> sendv(n), recvv(n);
   std::vector<RankSchedule> scheds;
   std::vector<std::vector<std::byte*>> bufs(n);
+  // Exact element counts per buffer: the interpreter checks every reference
+  // against them (the allocations are larger, for the in-place layouts).
+  std::vector<std::vector<size_t>> elems(n);
   for (int r = 0; r < n; ++r) {
     sendv[r].assign(std::max<size_t>(1, send_count * es), std::byte{0});
     recvv[r].assign(std::max<size_t>(1, std::max(send_count, recv_count) * es), std::byte{0x7f});
@@ -87,15 +91,17 @@ std::string check(const Algorithm& algo, int n, size_t count, DataType dt, RedOp
     if (c == Collective::kSendRecv) {
       a.p2p = {{true, (r + 1) % n, count}, {false, (r - 1 + n) % n, count}};
       bufs[r] = {nullptr, nullptr, nullptr, s, rv};
+      elems[r] = {0, 0, 0, count, count};
     } else {
       bufs[r] = {s, rv};
+      elems[r] = {send_count, recv_count};
     }
     auto sched = make_schedule(a, algo.name);
     if (!sched.is_ok()) return "make_schedule: " + sched.status().to_string();
     scheds.push_back(std::move(sched).value());
   }
   if (premul) testing::premultiply_avg(scaled, send_count, dt, op);
-  Status st = interpret(scheds, bufs, dt, premul ? RedOp::kSum : op);
+  Status st = interpret(scheds, bufs, dt, premul ? RedOp::kSum : op, elems);
   if (!st.is_ok()) return st.to_string();
   for (int r = 0; r < n; ++r) {
     std::string first;
@@ -731,6 +737,53 @@ TEST(Schedules, RejectsBadArguments) {
   EXPECT_EQ(make_schedule(a).status().code(), StatusCode::kInvalidArgument);
   a.root = 0;
   EXPECT_EQ(make_schedule(a, "no-such-algo").status().code(), StatusCode::kNotSupported);
+}
+
+// The interpreter rejects what the executor would race on or overrun, and
+// hands out scratch that is not zeros. Regressions (each accepted before): a
+// receive writing a receive-reduce's local operand in the same phase; an
+// overlapped copy writing it; a receive past the end of the receive buffer
+// (only scratch was bounds-checked); a reduction of never-written scratch
+// that came out right because the scratch was zero-filled.
+TEST(Interpreter, CatchesRacesOverrunsAndUnwrittenScratch) {
+  using namespace patterns;
+  const DataType dt = DataType::kFloat32;
+  std::vector<float> send0(8, 1.0f), send1(8, 2.0f), recv0(8, 0.0f), recv1(8, 0.0f);
+  auto bufs = [&] {
+    return std::vector<std::vector<std::byte*>>{{reinterpret_cast<std::byte*>(send0.data()), reinterpret_cast<std::byte*>(recv0.data())},
+                                                {reinterpret_cast<std::byte*>(send1.data()), reinterpret_cast<std::byte*>(recv1.data())}};
+  };
+  auto two = [](std::vector<Step> r0, std::vector<Step> r1, size_t scratch = 0) {
+    std::vector<RankSchedule> s(2);
+    s[0].phases.push_back({std::move(r0)});
+    s[1].phases.push_back({std::move(r1)});
+    s[0].scratch_count = s[1].scratch_count = scratch;
+    return s;
+  };
+  // A: rank 0 receives into recv[0..4) while reducing recv[0..4) with a message.
+  auto a = two({recv_step(1, {kBufRecv, 0}, 4), recv_reduce_step(1, {kBufRecv, 0}, {kBufRecv, 4}, 4)},
+               {send_step(0, {kBufSend, 0}, 4), send_to_reduce_step(0, {kBufSend, 4}, 4)});
+  Status sa = interpret(a, bufs(), dt, RedOp::kSum);
+  EXPECT_FALSE(sa.is_ok());
+  EXPECT_NE(sa.message().find("overlaps"), std::string::npos) << sa.to_string();
+  // B: an overlapped copy writes the receive-reduce's local operand.
+  auto b = two({overlapped_copy_step({kBufSend, 0}, {kBufRecv, 0}, 4), recv_reduce_step(1, {kBufRecv, 0}, {kBufRecv, 4}, 4)},
+               {send_to_reduce_step(0, {kBufSend, 0}, 4)});
+  Status sb = interpret(b, bufs(), dt, RedOp::kSum);
+  EXPECT_FALSE(sb.is_ok());
+  EXPECT_NE(sb.message().find("conflicts"), std::string::npos) << sb.to_string();
+  // D: a receive of 4 elements at offset 6 of an 8-element receive buffer.
+  auto d = two({recv_step(1, {kBufRecv, 6}, 4)}, {send_step(0, {kBufSend, 0}, 4)});
+  Status sd = interpret(d, bufs(), dt, RedOp::kSum, {{8, 8}, {8, 8}});
+  EXPECT_FALSE(sd.is_ok());
+  EXPECT_NE(sd.message().find("overruns buffer 1"), std::string::npos) << sd.to_string();
+  EXPECT_TRUE(interpret(two({recv_step(1, {kBufRecv, 4}, 4)}, {send_step(0, {kBufSend, 0}, 4)}), bufs(), dt, RedOp::kSum,
+                        {{8, 8}, {8, 8}}).is_ok());
+  // E: rank 0 reduces its input with scratch it never wrote.
+  recv0.assign(8, 0.0f);
+  auto e = two({reduce_step({kBufSend, 0}, {kBufScratch, 0}, {kBufRecv, 0}, 4)}, {}, 4);
+  ASSERT_TRUE(interpret(e, bufs(), dt, RedOp::kSum).is_ok());
+  EXPECT_NE(recv0[0], 1.0f) << "scratch read as zeros";
 }
 
 }  // namespace
