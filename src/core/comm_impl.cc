@@ -9,6 +9,7 @@
 
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include "algorithms/algorithms.h"
 #include "core/calibrate.h"
@@ -73,6 +74,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
         break;
       }
 
+  // Before any transport is set up: ranks that disagree on LOOM_TRANSPORT
+  // would run different setup exchanges and read each other's messages as
+  // garbage (the error then named some other setting, or init hung).
+  LOOM_RETURN_IF_ERROR(c->agree_settings(deadline));
   // Shared memory inside a host, sockets between hosts (LOOM_TRANSPORT).
   LOOM_ASSIGN_OR_RETURN(TransportMode mode, parse_transport_mode(params::transport()));
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
@@ -94,7 +99,6 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->tuner_ = std::move(tuner).value();
   c->exec_ = std::make_unique<Executor>(rank, nranks, c->transport_.get(), &host_memory(), &c->abort_);
   LOOM_RETURN_IF_ERROR(c->diag_init(deadline));  // recorder, fingerprints, watchdog + query server
-  LOOM_RETURN_IF_ERROR(c->agree_settings(deadline));
   LOOM_RETURN_IF_ERROR(c->calibrate_tuner(deadline));  // LOOM_TUNE_CALIBRATE=1; the executor is still free
   c->boot_->set_abort_flag(&c->abort_);  // from now on abort() is the way
   c->max_queued_ = static_cast<size_t>(params::max_queued_ops());
@@ -435,13 +439,13 @@ Status CommImpl::run_sub(SubOp& s) {
   const bool premul = a.op == RedOp::kAvg && nranks_ > 1 && a.count > 0 && kernels::avg_premultiplies(a.dt) &&
                       (a.coll == Collective::kAllReduce || a.coll == Collective::kReduce ||
                        a.coll == Collective::kReduceScatter);
-  CollArgs sum_args;
+  std::optional<CollArgs> sum_args;  // constructed only here (the per-op path pays nothing)
   std::unique_ptr<std::byte[]> scaled;
   std::vector<std::byte*> premul_bufs;
   if (premul) {
     sum_args = a;
-    sum_args.op = RedOp::kSum;
-    sum_args.in_place = false;
+    sum_args->op = RedOp::kSum;
+    sum_args->in_place = false;
     const size_t n = a.coll == Collective::kReduceScatter ? a.count * static_cast<size_t>(nranks_) : a.count;
     scaled.reset(new (std::nothrow) std::byte[n * dtype_size(a.dt)]);
     if (!scaled) return Status(StatusCode::kSystemError,
@@ -453,7 +457,7 @@ Status CommImpl::run_sub(SubOp& s) {
     premul_bufs = s.bufs;
     premul_bufs[0] = scaled.get();
   }
-  const CollArgs& run_args = premul ? sum_args : a;
+  const CollArgs& run_args = premul ? *sum_args : a;
   std::vector<std::byte*>& run_bufs = premul ? premul_bufs : s.bufs;
   if (a.coll == Collective::kSendRecv) {
     LOOM_ASSIGN_OR_RETURN(p2p_sched, make_schedule(a));
@@ -729,13 +733,14 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_TUNE_ALPHA_US", env_string("LOOM_TUNE_ALPHA_US", "(unset)")},
       {"LOOM_TUNE_BW_GBPS", env_string("LOOM_TUNE_BW_GBPS", "(unset)")},
       {"LOOM_TUNE_REDUCE_GBPS", env_string("LOOM_TUNE_REDUCE_GBPS", "(unset)")},
+      {"LOOM_TRANSPORT", params::transport()},
   };
   auto fnv = [](const std::string& v) {
     uint64_t h = 1469598103934665603ull;
     for (unsigned char ch : v) h = (h ^ ch) * 1099511628211ull;
     return h;
   };
-  constexpr size_t kSettings = 5;
+  constexpr size_t kSettings = 6;
   std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);
   for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv(mine[i].value);
   LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kSettings * sizeof(uint64_t), deadline).with_context("settings exchange"));

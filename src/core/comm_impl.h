@@ -184,9 +184,9 @@ class CommImpl final : public diag::DiagClient {
   // LOOM_TUNE_CALIBRATE=1: measure links and reduction, agree, and feed the tuner (core/calibrate.h).
   Status calibrate_tuner(Deadline deadline);
   // Fails init, naming the variable and two ranks' values, when a setting
-  // that shapes every schedule differs between ranks (LOOM_CHUNK_BYTES,
-  // LOOM_ALGO, LOOM_TUNE_*): such ranks would run different schedules and
-  // wait for each other until the timeout.
+  // that shapes every schedule or connection differs between ranks
+  // (LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_TUNE_*, LOOM_TRANSPORT): such ranks
+  // would run different schedules or setups and wait for each other.
   Status agree_settings(Deadline deadline);
 
   int rank_ = 0, nranks_ = 0;

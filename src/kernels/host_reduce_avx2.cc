@@ -49,13 +49,37 @@ inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*
 // max/min: vmaxps(a, b) returns b when either is NaN or both are equal, i.e.
 // (a > b ? a : b); a NaN in a is then put back, matching the scalar contract.
 
+// sum/prod: with both inputs NaN the instruction returns its first source's
+// NaN (quieted), and the compiler may swap the operands of a commutative
+// intrinsic; inline assembly pins a as the first source, so a's NaN wins as
+// on the scalar path (OpSum), at no cost per vector.
+inline __m256 add_a_first(__m256 a, __m256 b) {
+  __m256 r;
+  asm("vaddps %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
+  return r;
+}
+inline __m256d add_a_first(__m256d a, __m256d b) {
+  __m256d r;
+  asm("vaddpd %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
+  return r;
+}
+inline __m256 mul_a_first(__m256 a, __m256 b) {
+  __m256 r;
+  asm("vmulps %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
+  return r;
+}
+inline __m256d mul_a_first(__m256d a, __m256d b) {
+  __m256d r;
+  asm("vmulpd %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
+  return r;
+}
 struct VSum {
-  static __m256 f(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
-  static __m256d d(__m256d a, __m256d b) { return _mm256_add_pd(a, b); }
+  static __m256 f(__m256 a, __m256 b) { return add_a_first(a, b); }
+  static __m256d d(__m256d a, __m256d b) { return add_a_first(a, b); }
 };
 struct VProd {
-  static __m256 f(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
-  static __m256d d(__m256d a, __m256d b) { return _mm256_mul_pd(a, b); }
+  static __m256 f(__m256 a, __m256 b) { return mul_a_first(a, b); }
+  static __m256d d(__m256d a, __m256d b) { return mul_a_first(a, b); }
 };
 struct VMax {
   static __m256 f(__m256 a, __m256 b) {

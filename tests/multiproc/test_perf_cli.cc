@@ -292,6 +292,15 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(r.out.find("LOOM_CHUNK_BYTES differs between ranks"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("this is rank 1, LOOM_CHUNK_BYTES=65536"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("Timeout"), std::string::npos) << r.out;
+  // LOOM_TRANSPORT too, before any transport is set up. Regression: rank 0
+  // on sockets and its peers on shm ran different setup exchanges; the error
+  // named LOOM_CHUNK_BYTES or a closed connection, or init hung.
+  Outcome t = run(bin_dir() + "/loomrun -n 3 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 0 ]; then export LOOM_TRANSPORT=socket; fi; exec " + bin_dir() +
+                  "/all_reduce_perf -b 8 -e 8 -n 1 -w 1 -T 20'");
+  EXPECT_NE(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("this is rank 0, LOOM_TRANSPORT=socket"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("this is rank 2, LOOM_TRANSPORT=auto"), std::string::npos) << t.out;
 }
 
 // -d all / -o all / -r all (nccl-tests): one sweep per type, per op and per
