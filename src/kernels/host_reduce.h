@@ -10,7 +10,8 @@
 //    operator in float and rounds the result back once (round to nearest even;
 //    fp8 saturates to its largest finite value). Accumulating N ranks therefore
 //    rounds once per pairwise step, as NCCL does.
-//  - float / double: ordinary IEEE arithmetic in that precision.
+//  - float / double: ordinary IEEE arithmetic in that precision. sum and prod
+//    of two NaNs give a's NaN (quieted) on every path; of one NaN, that one.
 //  - max / min on floating types: the ordinary comparison (a > b ? a : b,
 //    a < b ? a : b), except that NaN propagates: if either input is NaN the
 //    result is NaN (a's NaN when a is NaN, otherwise b's). This differs from
