@@ -63,6 +63,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   // socket setup's). Regression: ncclCommAbort of a comm still initialising
   // waited for init to fail at LOOM_TIMEOUT (NcclAbort.OfACommStillInitialising).
   const std::atomic<bool>* init_abort = cfg.cancel ? cfg.cancel.get() : &c->abort_;
+  log_environment();  // INFO ENV: the LOOM_* variables this process runs with (once)
   LOOM_ASSIGN_OR_RETURN(c->boot_, Bootstrap::connect(uid, nranks, rank, deadline, init_abort));
   // Host index of every rank (its lowest rank with the same host hash), for
   // hierarchical algorithms (CollArgs::host_of_rank).

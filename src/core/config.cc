@@ -152,6 +152,19 @@ std::vector<ParamInfo>& registry() {
 
 const std::vector<ParamInfo>& all_params() { return registry(); }
 
+void log_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!log_enabled(LogLevel::kInfo, kLogEnv)) return;
+    int defaults = 0;
+    for (const ParamInfo& p : registry()) {
+      if (const char* v = env_raw(p.name)) LOOM_INFO(kLogEnv, "{}={}", p.name, v);
+      else ++defaults;
+    }
+    LOOM_INFO(kLogEnv, "{} other LOOM_* variables at their defaults (loom-env lists them)", defaults);
+  });
+}
+
 const char* env_raw(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;

@@ -2,7 +2,8 @@
 //
 // Each variable is declared once (name, type, default, doc) with LOOM_PARAM in
 // config.cc; `loom-env --markdown` prints docs/env.md from the registry, and
-// the effective values are logged at INFO under the ENV subsystem.
+// the variables that are set are logged at INFO under the ENV subsystem
+// (log_environment, at the first communicator of a process).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,9 @@ struct ParamInfo {
 
 // All declared parameters, in declaration order.
 const std::vector<ParamInfo>& all_params();
+// Logs (INFO ENV) every declared variable that is set, with its value, and
+// the count of the others (at their defaults). Once per process.
+void log_environment();
 
 // Raw lookup: the environment value, or nullptr when unset or empty.
 const char* env_raw(const char* name);

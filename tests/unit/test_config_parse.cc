@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -137,6 +138,29 @@ TEST(EnvReaders, DocsAreTheRegistrysMarkdown) {
   const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(testing::run_command(testing::build_bin("loom-env") + " --markdown"), doc)
       << "regenerate: build/bin/loom-env --markdown > docs/env.md";
+}
+
+// config.h promises the variables a process runs with at INFO ENV.
+// Regression: nothing logged under ENV at all.
+TEST(EnvReaders, SetVariablesAreLoggedUnderEnv) {
+  const std::string file = ::testing::TempDir() + "loom_env_log.txt";
+  std::remove(file.c_str());
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "ENV", 1);
+  setenv("LOOM_DEBUG_FILE", file.c_str(), 1);
+  setenv("LOOM_CHUNK_BYTES", "64K", 1);
+  log_reinit();
+  log_environment();
+  unsetenv("LOOM_CHUNK_BYTES");
+  unsetenv("LOOM_DEBUG_FILE");
+  unsetenv("LOOM_DEBUG");
+  unsetenv("LOOM_DEBUG_SUBSYS");
+  log_reinit();  // closes the file
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("ENV LOOM_CHUNK_BYTES=64K"), std::string::npos) << text;
+  EXPECT_NE(text.find("at their defaults"), std::string::npos) << text;
+  std::remove(file.c_str());
 }
 
 }  // namespace
