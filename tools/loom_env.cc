@@ -1,9 +1,48 @@
 // loom-env: prints every LOOM_* variable from the config registry, with its
 // effective value (default) or as Markdown (--markdown, used for docs/env.md).
+#include <strings.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/config.h"
+
+namespace {
+
+// Whether a set value parses as its declared type (as the library reads it;
+// a value that does not is warned about there and the default used).
+bool well_formed(const loom::ParamInfo& p, const char* v) {
+  const std::string type = p.type;
+  char* end = nullptr;
+  if (type == "bytes") {
+    uint64_t x = 0;
+    return loom::parse_bytes(v, &x);
+  }
+  if (type == "int") {
+    errno = 0;
+    const long long x = std::strtoll(v, &end, 10);
+    return end != v && *end == '\0' && errno != ERANGE && x >= INT32_MIN && x <= INT32_MAX;
+  }
+  if (type == "double") {
+    (void)std::strtod(v, &end);
+    return end != v && *end == '\0';
+  }
+  if (type == "bool") {
+    for (const char* w : {"true", "false", "yes", "no", "on", "off"})
+      if (strcasecmp(v, w) == 0) return true;
+    (void)std::strtoll(v, &end, 10);
+    return end != v && *end == '\0';
+  }
+  return true;  // strings: the reader checks them (LOOM_TRANSPORT, LOOM_ALGO, ...)
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   bool md = argc > 1 && std::strcmp(argv[1], "--markdown") == 0;
@@ -23,7 +62,9 @@ int main(int argc, char** argv) {
       printf("| `%s` | %s | %s | %s |\n", p.name, p.type, *p.def ? p.def : "(unset)", p.doc);
     } else {
       const char* v = loom::env_raw(p.name);
-      printf("%-22s = %-12s %s\n", p.name, v ? v : (*p.def ? p.def : "(unset)"), v ? "(set)" : "(default)");
+      // Regression: a value the library rejects (LOOM_SHM_SLOTS=maybe) was shown as "(set)".
+      const char* how = !v ? "(default)" : well_formed(p, v) ? "(set)" : "(set, malformed: the default is used)";
+      printf("%-22s = %-12s %s\n", p.name, v ? v : (*p.def ? p.def : "(unset)"), how);
     }
   }
   return 0;

@@ -163,5 +163,16 @@ TEST(EnvReaders, SetVariablesAreLoggedUnderEnv) {
   std::remove(file.c_str());
 }
 
+// loom-env marks a set value the library would reject. Regression: shown as
+// "(set)" like a good one.
+TEST(EnvReaders, LoomEnvMarksMalformedValues) {
+  const std::string out = testing::run_command("LOOM_SHM_SLOTS=maybe LOOM_CHUNK_BYTES=64K LOOM_TIMEOUT=10s " +
+                                               testing::build_bin("loom-env"));
+  EXPECT_NE(out.find("LOOM_SHM_SLOTS         = maybe        (set, malformed: the default is used)"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("LOOM_TIMEOUT           = 10s          (set, malformed"), std::string::npos) << out;
+  EXPECT_NE(out.find("LOOM_CHUNK_BYTES       = 64K          (set)\n"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace loom
