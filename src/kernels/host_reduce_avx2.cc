@@ -53,26 +53,18 @@ inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*
 // NaN (quieted), and the compiler may swap the operands of a commutative
 // intrinsic; inline assembly pins a as the first source, so a's NaN wins as
 // on the scalar path (OpSum), at no cost per vector.
-inline __m256 add_a_first(__m256 a, __m256 b) {
-  __m256 r;
-  asm("vaddps %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-}
-inline __m256d add_a_first(__m256d a, __m256d b) {
-  __m256d r;
-  asm("vaddpd %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-}
-inline __m256 mul_a_first(__m256 a, __m256 b) {
-  __m256 r;
-  asm("vmulps %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-}
-inline __m256d mul_a_first(__m256d a, __m256d b) {
-  __m256d r;
-  asm("vmulpd %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-}
+#define LOOM_A_FIRST(fn, insn, T)                          \
+  inline T fn(T a, T b) {                                  \
+    T r;                                                   \
+    asm(insn " %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));    \
+    return r;                                              \
+  }
+LOOM_A_FIRST(add_a_first, "vaddps", __m256)
+LOOM_A_FIRST(add_a_first, "vaddpd", __m256d)
+LOOM_A_FIRST(mul_a_first, "vmulps", __m256)
+LOOM_A_FIRST(mul_a_first, "vmulpd", __m256d)
+#undef LOOM_A_FIRST
+
 struct VSum {
   static __m256 f(__m256 a, __m256 b) { return add_a_first(a, b); }
   static __m256d d(__m256d a, __m256d b) { return add_a_first(a, b); }
