@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <sched.h>
 
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,8 @@
 #include "core/log.h"
 #include "kernels/host_reduce.h"
 #include "topology/discover.h"
+#include "topology/topo_xml.h"
+#include "topology/xml.h"
 #include "transport/hybrid_transport.h"
 
 namespace loom {
@@ -84,6 +87,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
                                                                init_abort));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
+  LOOM_RETURN_IF_ERROR(c->agree_topology(&topology.graph, deadline));
   // The tuner's model needs to know how many hosts there are: ranks per host
   // from the bootstrap's host hashes, always (its default is one rank per
   // GPU of the topology per host, which on one host with more ranks than
@@ -755,6 +759,40 @@ Status CommImpl::agree_settings(Deadline deadline) {
           "every rank", mine[i].name, r, rank_, mine[i].name, mine[i].value));
     }
   }
+  return Status::ok();
+}
+
+Status CommImpl::agree_topology(topo::TopoGraph* graph, Deadline deadline) {
+  // Regression: rank 1 with LOOM_TOPO_FILE=azure-ndv4.xml and rank 0 on this
+  // host's discovery chose chunks of 8 MiB and 256 KiB for one 16 MiB ring
+  // allreduce: "single-copy read from rank 1 failed: Protocol error".
+  const std::string xml = topo::write_xml(topo::graph_to_xml(*graph));
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : xml) h = (h ^ ch) * 1099511628211ull;
+  struct Entry {
+    uint64_t hash, bytes;
+  };
+  std::vector<Entry> all(static_cast<size_t>(nranks_));
+  all[static_cast<size_t>(rank_)] = {h, xml.size()};
+  LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), sizeof(Entry), deadline).with_context("topology agreement"));
+  int differs = -1;
+  for (int r = 1; r < nranks_ && differs < 0; ++r)
+    if (all[static_cast<size_t>(r)].hash != all[0].hash) differs = r;
+  if (differs < 0) return Status::ok();
+  // Rank 0's text to every rank (a block per rank: only on hosts that differ).
+  const size_t len = all[0].bytes;
+  std::vector<char> blocks(static_cast<size_t>(nranks_) * std::max<size_t>(len, 1));
+  if (rank_ == 0) std::memcpy(blocks.data(), xml.data(), len);
+  LOOM_RETURN_IF_ERROR(
+      boot_->allgather(blocks.data(), std::max<size_t>(len, 1), deadline).with_context("topology agreement"));
+  if (rank_ != 0) {
+    auto parsed = topo::graph_from_xml_text(std::string(blocks.data(), len), "rank 0's topology");
+    if (!parsed.is_ok()) return parsed.status().with_context("topology agreement: rank 0's topology");
+    *graph = std::move(parsed).value().graph;
+  }
+  if (rank_ == 0 || rank_ == differs)
+    LOOM_WARN(kLogTopo, "{} rank {}: the ranks' topologies differ (rank 0's and rank {}'s at least): every rank's "
+              "tuner uses rank 0's, so that all choose the same algorithms", name_, rank_, differs);
   return Status::ok();
 }
 

@@ -188,6 +188,11 @@ class CommImpl final : public diag::DiagClient {
   // (LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_TUNE_*, LOOM_TRANSPORT): such ranks
   // would run different schedules or setups and wait for each other.
   Status agree_settings(Deadline deadline);
+  // The tuner models every host as the graph it is given; ranks whose
+  // discovered (or LOOM_TOPO_FILE) topologies differ would pick different
+  // algorithms or chunks for one call. When the graphs differ, *graph
+  // becomes rank 0's on every rank (the graph feeds the tuner only).
+  Status agree_topology(topo::TopoGraph* graph, Deadline deadline);
 
   int rank_ = 0, nranks_ = 0;
   std::string name_;

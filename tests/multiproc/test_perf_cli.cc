@@ -303,6 +303,23 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(t.out.find("this is rank 2, LOOM_TRANSPORT=auto"), std::string::npos) << t.out;
 }
 
+// Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
+// discovers this host) model the job alike: every rank's tuner uses rank 0's
+// graph. Regression: they chose 8 MiB and 256 KiB chunks for one 16 MiB ring
+// allreduce ("single-copy read from rank 1 failed: Protocol error").
+TEST_F(PerfCli, RanksWithDifferentTopologiesChooseAlike) {
+  const char* src = std::getenv("LOOM_SOURCE_DIR");
+  if (!src) GTEST_SKIP() << "LOOM_SOURCE_DIR not set (run through ctest)";
+  const std::string topo = std::string(src) + "/../shared/topologies/azure-ndv4.xml";
+  if (access(topo.c_str(), R_OK) != 0) GTEST_SKIP() << topo << " not found";
+  Outcome r = run(bin_dir() + "/loomrun -n 2 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_TOPO_FILE=" + topo + "; fi; exec " + bin_dir() +
+                  "/all_reduce_perf -b 1M -e 16M -f 4 -n 1 -w 1 -c 1 -T 20'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("topologies differ"), std::string::npos) << r.out;
+}
+
 // -d all / -o all / -r all (nccl-tests): one sweep per type, per op and per
 // root, types outermost, every row verified. Regression: "all" was refused.
 TEST_F(PerfCli, AllTypesOpsAndRootsSweepEveryCombination) {
