@@ -12,6 +12,7 @@
 #include <functional>
 #include <thread>
 
+#include "core/hash.h"
 #include "core/config.h"
 #include "core/log.h"
 
@@ -65,14 +66,6 @@ struct Reply {
   uint32_t len;  // bytes that follow
 };
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 void send_reply(int fd, bool ok, const void* data, uint32_t len) {
   Reply r{ok ? 1u : 0u, len};

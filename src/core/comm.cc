@@ -7,6 +7,7 @@
 #include <climits>
 #include <thread>
 
+#include "core/hash.h"
 #include "core/comm_impl.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -137,12 +138,7 @@ uint64_t env_secret(const EnvBootstrap& e) {
                   env_string("TORCHELASTIC_RESTART_COUNT", "") + "|" + env_string("SLURM_JOB_ID", "") + "." +
                   env_string("SLURM_STEP_ID", "") + "|" + env_string("OMPI_MCA_orte_hnp_uri", "") + "|" +
                   env_string("PMIX_NAMESPACE", "");
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return fnv1a(s);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "algorithms/algorithms.h"
 #include "core/calibrate.h"
 #include "core/config.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "kernels/host_reduce.h"
 #include "topology/discover.h"
@@ -740,14 +741,9 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_TUNE_REDUCE_GBPS", env_string("LOOM_TUNE_REDUCE_GBPS", "(unset)")},
       {"LOOM_TRANSPORT", params::transport()},
   };
-  auto fnv = [](const std::string& v) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char ch : v) h = (h ^ ch) * 1099511628211ull;
-    return h;
-  };
   constexpr size_t kSettings = 6;
   std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);
-  for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv(mine[i].value);
+  for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv1a(mine[i].value);
   LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kSettings * sizeof(uint64_t), deadline).with_context("settings exchange"));
   for (size_t i = 0; i < kSettings; ++i) {
     for (int r = 0; r < nranks_; ++r) {
@@ -767,8 +763,7 @@ Status CommImpl::agree_topology(topo::TopoGraph* graph, Deadline deadline) {
   // host's discovery chose chunks of 8 MiB and 256 KiB for one 16 MiB ring
   // allreduce: "single-copy read from rank 1 failed: Protocol error".
   const std::string xml = topo::write_xml(topo::graph_to_xml(*graph));
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : xml) h = (h ^ ch) * 1099511628211ull;
+  const uint64_t h = fnv1a(xml);
   struct Entry {
     uint64_t hash, bytes;
   };
