@@ -46,6 +46,15 @@ std::atomic<bool> g_hook_writes{false};
 std::atomic<int> g_hook_skip{0};
 std::atomic<bool> g_held{false}, g_release{false};
 void hold_one_copy(bool writes) {
+  if (g_hook_writes.load() && !writes && !g_held.load()) {
+    // Shared copy: the receiver's reads wait until the sender's write has
+    // begun. Otherwise a sender kept off its core (ctest -j2 beside a busy
+    // test) found the receiver done with every piece, never wrote, and the
+    // test failed with "the copy to hold never started" (CI, once).
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (!g_held.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
   if (writes != g_hook_writes.load() || g_hook_skip.fetch_sub(1) != 0) return;
   g_held.store(true);
   const auto until = Clock::now() + std::chrono::seconds(20);
