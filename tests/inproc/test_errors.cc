@@ -164,9 +164,21 @@ TEST(Errors3, APeerFailureNamesTheStepWithThatPeer) {
   comms[2]->abort("rank 2 gives up");
   Status st = w->wait();
   EXPECT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("rank 2 failed"), std::string::npos) << st.to_string();
-  EXPECT_NE(st.message().find("to rank 2"), std::string::npos) << st.to_string();
-  EXPECT_EQ(st.message().find("from rank 1"), std::string::npos) << st.to_string();
+  // The failure that reaches rank 0 first is rank 2's, or rank 1's when rank
+  // 1's watchdog learnt of rank 2's first and failed rank 1 (seen once in CI).
+  // Either way the step named is the one with the rank named as failed.
+  const std::string& m = st.message();
+  const size_t failed = m.find(" failed");
+  ASSERT_NE(failed, std::string::npos) << st.to_string();
+  const bool by2 = m.compare(failed - 6, 6, "rank 2") == 0, by1 = m.compare(failed - 6, 6, "rank 1") == 0;
+  ASSERT_TRUE(by1 || by2) << st.to_string();
+  if (by2) {
+    EXPECT_NE(m.find("to rank 2"), std::string::npos) << st.to_string();
+    EXPECT_EQ(m.find("from rank 1"), std::string::npos) << st.to_string();
+  } else {
+    EXPECT_NE(m.find("from rank 1"), std::string::npos) << st.to_string();
+    EXPECT_NE(m.find("rank 2 failed"), std::string::npos) << "rank 1's failure names its cause: " << st.to_string();
+  }
   comms[1]->abort("test over");
 }
 
