@@ -741,7 +741,7 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_TUNE_REDUCE_GBPS", env_string("LOOM_TUNE_REDUCE_GBPS", "(unset)")},
       {"LOOM_TRANSPORT", params::transport()},
   };
-  constexpr size_t kSettings = 6;
+  const size_t kSettings = mine.size();
   std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);
   for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv1a(mine[i].value);
   LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kSettings * sizeof(uint64_t), deadline).with_context("settings exchange"));
