@@ -172,18 +172,39 @@ Result<double> time_ops(Context& c, const Shape& s, bool in_place, Control& ctl)
   return us / (double(c.o.iters) * c.o.agg);
 }
 
+struct Verified {
+  double wrong = 0;         // wrong elements, all ranks
+  double failed_ranks = 0;  // ranks that saw any
+};
+
+// For the test of the accounting below only: LOOM_PERF_TEST_CORRUPT=R makes
+// rank R flip a byte of its result's first two elements after each
+// verification run, so that the row, the footer and the exit code can be
+// checked on a failure.
+int corrupt_rank() {
+  static const int r = [] {
+    const char* v = std::getenv("LOOM_PERF_TEST_CORRUPT");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  return r;
+}
+
 // Verification runs: poison, fill closed-form inputs, run once, count.
-Result<double> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
+// `wrong`: elements wrong on all ranks; `failed_ranks`: how many ranks saw
+// any (nccl-tests' "Out of bounds values" counts those, per test).
+Result<Verified> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
   const size_t es = dtype_size(c.o.dt);
   const int r = c.comm.rank(), n = c.comm.size();
   Buffers buf = buffers_for(c.bench, c.send, c.recv, s, es, r, in_place);
-  double wrong_all = 0;
+  Verified v;
   for (int k = 0; k < c.o.check; ++k) {
     std::memset(c.recv, kPoison, std::max(s.send_count, s.recv_count) * es);
     fill_inputs(c.bench, buf, s, c.o, r, n);
     auto w = issue(c.comm, c.bench, buf, s, c.o, &c.state);
     if (!w.is_ok()) return w.status();
     LOOM_RETURN_IF_ERROR(w->wait());
+    if (r == corrupt_rank())  // two elements, when there are two
+      for (size_t e = 0; e < std::min<size_t>(2, s.recv_count); ++e) buf.recv[e * es] ^= std::byte{0xff};
     std::string first;
     size_t wrong = count_wrong(c.bench, buf, s, c.o, r, n, &first);
     if (wrong > 0)
@@ -191,10 +212,13 @@ Result<double> verify(Context& c, const Shape& s, bool in_place, Control& ctl) {
               in_place ? "in-place" : "out-of-place", wrong, first.c_str());
     auto total = ctl.sum(static_cast<double>(wrong));
     if (!total.is_ok()) return total.status();
-    wrong_all = *total;
-    if (wrong_all > 0) break;
+    auto ranks = ctl.sum(wrong > 0 ? 1.0 : 0.0);
+    if (!ranks.is_ok()) return ranks.status();
+    v.wrong = *total;
+    v.failed_ranks = *ranks;
+    if (v.wrong > 0) break;
   }
-  return wrong_all;
+  return v;
 }
 
 // --ab: this run's communicator (A) against one forcing another algorithm
@@ -465,7 +489,8 @@ int perf_main(int argc, char** argv, Bench bench) {
   if (bench == Bench::kHypercube && !is_pow2(n)) {
     if (print) {
       printf("nRanks %d is not a power of 2, skipping\n", n);
-      report.finish(0, false);
+      bool bw_ok = true;
+      report.finish(0, 0, false, &bw_ok);
     }
     return finish(0);
   }
@@ -482,7 +507,7 @@ int perf_main(int argc, char** argv, Bench bench) {
   std::vector<size_t> progress_sizes;
   for (size_t k = 0; k < combos.size(); ++k) progress_sizes.insert(progress_sizes.end(), sizes.begin(), sizes.end());
   Progress progress(print && (o.progress || isatty(STDERR_FILENO)), bench_name(bench), progress_sizes);
-  double wrong_total = 0;
+  double wrong_total = 0, failed_tests = 0;
   for (size_t ci = 0; ci < combos.size() && !failed; ++ci) {
     // ctx and ctx_b read the options through a reference: this combination.
     o.dt = combos[ci].dt;
@@ -520,8 +545,9 @@ int perf_main(int argc, char** argv, Bench bench) {
         if (o.check > 0) {
           auto w = verify(ctx, s, ip == 1, ctl);
           if (!w.is_ok()) { fail(w.status()); break; }
-          wrong = *w;
+          wrong = w->wrong;
           wrong_total += wrong;
+          failed_tests += w->failed_ranks;
         }
         (ip == 0 ? row.out_of_place : row.in_place) = make_measure(*t, s, wrong);
       }
@@ -572,8 +598,12 @@ int perf_main(int argc, char** argv, Bench bench) {
   if (comm_b) (void)comm_b->destroy();
   (void)comm.destroy();
   bool files_ok = true;
-  if (print) files_ok = report.finish(wrong_total, failed);
-  int rc = failed ? 1 : (wrong_total == 0 && files_ok ? 0 : 1);
+  bool bw_ok = true;
+  if (print) files_ok = report.finish(wrong_total, failed_tests, failed, &bw_ok);
+  // The printing rank judges the bandwidth (NCCL_TESTS_MIN_BW); the other
+  // ranks keep no report, their code follows the data check alone (the
+  // launcher fails the job when any rank does).
+  int rc = failed ? 1 : (wrong_total == 0 && files_ok && bw_ok ? 0 : 1);
   return finish(rc);
 }
 

@@ -130,7 +130,7 @@ void Report::add(const Row& row) {
 
 double Report::avg_busbw() const { return bw_count_ ? bw_sum_ / bw_count_ : 0.0; }
 
-std::string Report::json_text(double wrong_total) const {
+std::string Report::json_text(double wrong_total, double failed_tests) const {
   const Options& o = info_.opts;
   using nlohmann::json;
   auto measure = [](const Measure& m) {
@@ -172,7 +172,8 @@ std::string Report::json_text(double wrong_total) const {
               {"thp", o.thp},
               {"check", o.check},
               {"results", results},
-              {"out_of_bounds", wrong_total},
+              {"out_of_bounds", failed_tests},
+              {"wrong_elements", wrong_total},
               {"avg_busbw_gbps", avg_busbw()}};
   if (!info_.mpi_library.empty()) doc["mpi_library"] = info_.mpi_library;
   return doc.dump(2) + "\n";
@@ -260,11 +261,19 @@ bool Report::write_plot() const {
   return true;
 }
 
-bool Report::finish(double wrong_total, bool failed) {
+bool Report::finish(double wrong_total, double failed_tests, bool failed, bool* bw_ok) {
   const Options& o = info_.opts;
+  // nccl-tests: NCCL_TESTS_MIN_BW (GB/s) fails a run whose average bus
+  // bandwidth is below 90% of it, and says OK or FAILED after the figure.
+  const char* min_env = std::getenv("NCCL_TESTS_MIN_BW");
+  const double min_bw = min_env && *min_env ? std::atof(min_env) : -1;
+  *bw_ok = failed || min_bw < 0 || avg_busbw() >= 0.9 * min_bw;
   if (table_ && !failed) {
-    printf("# Out of bounds values : %.0f %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
-    printf("# Avg bus bandwidth    : %g \n", avg_busbw());
+    // nccl-tests counts the tests that failed (a row's out-of-place or
+    // in-place check, once per rank that saw a wrong element), not the
+    // elements: those are in the row's #wrong column.
+    printf("# Out of bounds values : %.0f %s\n", failed_tests, wrong_total == 0 ? "OK" : "FAILED");
+    printf("# Avg bus bandwidth    : %g %s\n", avg_busbw(), min_bw < 0 ? "" : *bw_ok ? "OK" : "FAILED");
     if (o.baseline_mpi) {
       double log_sum = 0;
       int k = 0;
@@ -283,9 +292,9 @@ bool Report::finish(double wrong_total, bool failed) {
     fflush(stdout);
   }
   bool ok = true;
-  if (o.json_stdout) fputs(json_text(wrong_total).c_str(), stdout);
+  if (o.json_stdout) fputs(json_text(wrong_total, failed_tests).c_str(), stdout);
   if (o.csv_stdout) fputs(csv_text().c_str(), stdout);
-  if (!o.json_file.empty()) ok = write_file(o.json_file, json_text(wrong_total)) && ok;
+  if (!o.json_file.empty()) ok = write_file(o.json_file, json_text(wrong_total, failed_tests)) && ok;
   if (!o.csv_file.empty()) ok = write_file(o.csv_file, csv_text()) && ok;
   if (!o.plot_file.empty() && !rows_.empty()) ok = write_plot() && ok;
   fflush(stdout);

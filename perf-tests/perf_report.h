@@ -48,14 +48,18 @@ class Report {
   void begin(const std::vector<std::string>& extra_header_lines);
   void add(const Row& row);
   // Footer, files, plot. Returns false if a file could not be written.
-  bool finish(double wrong_total, bool failed);
+  // wrong_total: wrong elements of every verification; failed_tests: the
+  // (test, rank) pairs that saw any, nccl-tests' "Out of bounds values".
+  // *bw_ok: false when NCCL_TESTS_MIN_BW is set and the average bus
+  // bandwidth is below 90% of it (nccl-tests' check and margin).
+  bool finish(double wrong_total, double failed_tests, bool failed, bool* bw_ok);
   double avg_busbw() const;
 
  private:
   void print_row(const Row& row);
   const char* op_label(const Row& r) const;  // "none" where the collective has no op
   int root_label(const Row& r) const;        // -1 where it has no root
-  std::string json_text(double wrong_total) const;
+  std::string json_text(double wrong_total, double failed_tests) const;
   std::string csv_text() const;
   bool write_plot() const;
 

@@ -153,6 +153,44 @@ TEST_F(PerfCli, ReduceScatterAndHypercubeVerify) {
   }
 }
 
+// nccl-tests' footer counts failed tests (a row's out-of-place or in-place
+// check, once per rank that saw a wrong element), not wrong elements; those
+// are the row's #wrong. Regression: the footer printed the elements (12
+// here). NCCL_TESTS_MIN_BW: the average bus bandwidth's OK / FAILED and the
+// exit code.
+TEST_F(PerfCli, FooterCountsFailedTestsAndMinBandwidth) {
+  const std::string cmd = loomrun(3) + "all_reduce_perf -b 8 -e 128 -f 4 -c 1 -n 2 -w 1";
+  Outcome r = run("env LOOM_PERF_TEST_CORRUPT=1 " + cmd);
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 6 FAILED"), std::string::npos) << r.out;
+  auto rows = table_rows(r.out);
+  ASSERT_EQ(rows.size(), 3u) << r.out;  // 8, 32, 128
+  for (const auto& row : rows) {
+    EXPECT_EQ(row[8], "2") << "out-of-place #wrong: rank 1's two elements";
+    EXPECT_EQ(row[12], "2") << "in-place #wrong";
+  }
+  Outcome j = run("env LOOM_PERF_TEST_CORRUPT=1 " + cmd + " --json");
+  // stdout's document among the ranks' messages on stderr
+  const size_t open = j.out.find("{\n"), close = j.out.rfind("\n}");
+  ASSERT_TRUE(open != std::string::npos && close != std::string::npos) << j.out;
+  nlohmann::json doc = nlohmann::json::parse(j.out.substr(open, close + 2 - open), nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << j.out;
+  EXPECT_EQ(doc["out_of_bounds"], 6.0);
+  EXPECT_EQ(doc["wrong_elements"], 12.0);
+
+  Outcome high = run("env NCCL_TESTS_MIN_BW=1e9 " + cmd);
+  EXPECT_NE(high.rc, 0) << high.out;
+  EXPECT_NE(high.out.find("# Out of bounds values : 0 OK"), std::string::npos) << high.out;
+  EXPECT_NE(high.out.find("# Avg bus bandwidth    : "), std::string::npos) << high.out;
+  EXPECT_NE(high.out.find(" FAILED\n"), std::string::npos) << high.out;
+  Outcome low = run("env NCCL_TESTS_MIN_BW=1e-9 " + cmd);
+  EXPECT_EQ(low.rc, 0) << low.out;
+  EXPECT_NE(low.out.find(" OK\n# Avg bus bandwidth"), std::string::npos) << low.out;
+  const size_t avg = low.out.find("# Avg bus bandwidth");
+  ASSERT_NE(avg, std::string::npos) << low.out;
+  EXPECT_EQ(low.out.substr(low.out.find('\n', avg) - 3, 3), " OK") << low.out;
+}
+
 TEST_F(PerfCli, JsonAndCsvParse) {
   std::string csv = testing::TempDir() + "loom_perf_cli.csv";
   Outcome r = run(loomrun(2) + "all_reduce_perf -b 1K -e 4K -f 2 -n 2 -w 1 -m 2 -a 2 --json --csv=" + csv);
