@@ -208,7 +208,9 @@ int main(int argc, char** argv) {
   b.recv.assign(max_bytes / 4 + 16, 0.0f);
   if (rank == 0) printf("impl,coll,nranks,size,count,time_us,algbw,busbw,wrong\n");
   for (size_t bytes : sizes) {
-    const size_t total = bytes / 4, per = total / size_t(n);
+    // The per-rank block as nccl-tests (and Loom's *_perf) cut it: a
+    // multiple of 16 bytes, so every library's row of a size moves the same bytes.
+    const size_t total = bytes / 4, per = (total / size_t(n)) & ~size_t(3);
     const bool whole = coll == "allreduce" || coll == "broadcast";
     const size_t count = whole ? total : per;
     const size_t size_col = whole ? total * 4 : per * n * 4;

@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
   memset(recv, 0, buf_bytes);
   if (rank == 0) printf("impl,coll,nranks,size,count,time_us,algbw,busbw,wrong\n");
   for (int si = 0; si < nsizes; ++si) {
-    size_t total = sizes[si] / sizeof(float), per = total / (size_t)n;
+    /* The per-rank block as nccl-tests (and Loom's *_perf) cut it: a multiple
+     * of 16 bytes, so every library's row of a size moves the same bytes. */
+    size_t total = sizes[si] / sizeof(float), per = (total / (size_t)n) & ~(size_t)3;
     size_t count = (coll == kAllReduce || coll == kBroadcast) ? total : per;
     size_t size_col = (coll == kAllReduce || coll == kBroadcast) ? total * 4 : per * n * 4;
     double factor = coll == kAllReduce ? 2.0 * (n - 1) / n : coll == kBroadcast ? 1.0 : (double)(n - 1) / n;

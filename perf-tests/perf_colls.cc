@@ -6,9 +6,19 @@
 
 namespace loom::perf {
 
+size_t block_count(size_t total, size_t es, int n) {
+  const size_t per = total / static_cast<size_t>(n);
+  return es <= 16 ? per & ~(16 / es - 1) : per;
+}
+
 Shape shape_for(Bench b, size_t bytes, size_t es, int n) {
   const size_t total = bytes / es;
-  const size_t per = total / static_cast<size_t>(n);
+  // The per-rank block of the collectives whose size is n blocks, as current
+  // nccl-tests cuts it (all_gather.cu, reduce_scatter.cu, alltoall.cu,
+  // hypercube.cu: (count/nranks) & -(16/eltSize)): a multiple of 16 bytes,
+  // so its rows have nccl-tests' sizes (a 1 MiB float all_gather on 3 ranks
+  // is 1048560 B; 8 B on 2 ranks is 0).
+  const size_t per = block_count(total, es, n);
   const double nd = n;
   Shape s;
   switch (b) {

@@ -23,6 +23,9 @@ struct Shape {
 };
 
 Shape shape_for(Bench b, size_t bytes, size_t elem_size, int nranks);
+// The per-rank block of a collective of `total` elements in n blocks:
+// total/n rounded down to a multiple of 16 bytes (nccl-tests).
+size_t block_count(size_t total, size_t elem_size, int nranks);
 
 // Send and receive pointers of one call, in place or not, following NCCL's
 // layout (reduce_scatter: send = recv - rank*count; all_gather and

@@ -1,6 +1,7 @@
 // perf-tests --fresh: the input is rewritten before every timed operation,
 // with bytes that decode to normal numbers in every floating type, and the
 // option is refused where a rewrite would race with operations in flight.
+// Also the rows' shapes: blocks cut as current nccl-tests cuts them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,34 @@
 
 namespace loom::perf {
 namespace {
+
+// all_gather / reduce_scatter / alltoall / hypercube: the per-rank block is
+// (count/nranks) & -(16/eltSize) elements in nccl-tests (2.28 era), so the
+// size column is the same in both tables. Regression: Loom used count/nranks
+// (1 MiB float all_gather on 3 ranks: 1048572 B where nccl-tests has 1048560).
+TEST(PerfShapes, BlocksAreCutToSixteenBytesAsNcclTests) {
+  struct Case {
+    Bench b;
+    size_t bytes, es;
+    int n;
+    size_t count, size;
+  } cases[] = {
+      {Bench::kAllGather, 1 << 20, 4, 3, 87380, 1048560},
+      {Bench::kReduceScatter, 1 << 20, 4, 3, 87380, 1048560},
+      {Bench::kAllToAll, 1 << 20, 8, 3, 43690, 1048560},
+      {Bench::kHypercube, 1 << 20, 1, 3, 349520, 1048560},
+      {Bench::kAllGather, 1 << 20, 2, 6, 87376, 1048512},
+      {Bench::kAllGather, 8, 4, 2, 0, 0},      // one float per rank: below 16 B
+      {Bench::kReduceScatter, 32, 4, 2, 4, 32},
+      {Bench::kAllReduce, 1 << 20, 4, 3, 262144, 1 << 20},  // whole-buffer collectives keep theirs
+      {Bench::kBroadcast, 12, 4, 3, 3, 12},
+  };
+  for (const Case& c : cases) {
+    Shape s = shape_for(c.b, c.bytes, c.es, c.n);
+    EXPECT_EQ(s.count, c.count) << c.bytes << " B, " << c.es << " B elements, " << c.n << " ranks";
+    EXPECT_EQ(s.size_bytes, c.size) << c.bytes << " B, " << c.es << " B elements, " << c.n << " ranks";
+  }
+}
 
 TEST(PerfFresh, EveryCallGetsANewInputOfNormalNumbers) {
   const size_t n = 1000;
