@@ -5,6 +5,7 @@
 #                         [--colls "allreduce reduce_scatter all_gather broadcast"]
 #                         [--out DIR] [--timeout SECONDS] [--loom-launcher loomrun|mpirun]
 #                         [--loom-nonblocking] [--rounds N] [--fresh] [--mem-alloc] [--thp]
+#                         [--bind core|none]
 #
 # For every collective and rank count (ranks beyond the cores are
 # oversubscribed) it runs the same size sweep with
@@ -24,8 +25,11 @@
 # above it.
 # Raw CSV, a markdown summary and a plot land in --out (default
 # build/compare-<date>). A missing peer is reported and skipped.
-# --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead
-# (same process placement and core binding as the Open MPI runs).
+# --loom-launcher mpirun starts Loom's ranks with Open MPI's mpirun instead.
+# --bind core (default) pins every library's rank r to CPU r mod cores alike:
+# loomrun --bind core (Loom, Gloo), Open MPI --bind-to core:overload-allowed,
+# MPICH -bind-to core (left to themselves, Open MPI pins only when the ranks
+# fit the cores and MPICH never). --bind none leaves every rank to the kernel.
 # Loom runs blocking (-z 1, nccl-tests' flag: each op is waited for before the
 # next is issued), as the peers' MPI_Allreduce & co and Gloo's run() return only
 # when done; --loom-nonblocking issues them back to back and waits for the last.
@@ -63,6 +67,7 @@ ROUNDS=1
 FRESH=0
 MEM_ALLOC=0
 THP=0
+BIND=core
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -78,12 +83,18 @@ while [ $# -gt 0 ]; do
     --fresh) FRESH=1 ;;
     --mem-alloc) MEM_ALLOC=1 ;;
     --thp) THP=1 ;;
-    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
+    --bind) BIND="$2"; shift ;;
+    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 BIN="$BUILD/bin"
+case "$BIND" in
+  core) OMPI_BIND=(--bind-to core:overload-allowed); MPICH_BIND=(-bind-to core) ;;
+  none) OMPI_BIND=(--bind-to none); MPICH_BIND=(-bind-to none) ;;
+  *) echo "compare.sh: --bind core|none, not '$BIND'" >&2; exit 2 ;;
+esac
 [ -n "$SUMMARIZE" ] && OUT="$SUMMARIZE"
 OUT="${OUT:-$BUILD/compare-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
@@ -91,7 +102,10 @@ RAW="$OUT/raw.csv"
 LOG="$OUT/log.txt"
 if [ -n "$SUMMARIZE" ]; then
   [ -s "$RAW" ] || { echo "compare.sh: no $RAW to summarize" >&2; exit 2; }
-  echo "# summary recomputed from $RAW" > "$OUT/summary.md"
+  # The measuring run's header (host, peers, modes, round trips) stays.
+  header=""
+  [ -f "$OUT/summary.md" ] && header="$(awk '/^# / { if ($0 !~ /^# summary recomputed/) print; next } { exit }' "$OUT/summary.md")"
+  { [ -n "$header" ] && echo "$header"; echo "# summary recomputed from $RAW"; } > "$OUT/summary.md"
 else
 : > "$LOG"
 
@@ -122,7 +136,7 @@ if [ "$FRESH" = 1 ]; then
 fi
 echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
 echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept)" | tee -a "$OUT/summary.md"
-echo "# Loom launched by $LAUNCHER" | tee -a "$OUT/summary.md"
+echo "# Loom launched by $LAUNCHER; ranks bound: $BIND (every library alike)" | tee -a "$OUT/summary.md"
 LOOM_THP=()
 if [ "$THP" = 1 ]; then
   LOOM_THP=(--thp)
@@ -139,12 +153,15 @@ round_trip() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf
 echo "# core-to-core round trip at the start: $(round_trip)" | tee -a "$OUT/summary.md"
 echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
-  LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe -np)
+  LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np)
 else
-  LOOM_RUN=("$BIN/loomrun" --no-prefix -n)
+  LOOM_RUN=("$BIN/loomrun" --no-prefix --bind "$BIND" -n)
 fi
 
 # run LABEL CMD...: runs with a deadline, logs everything, returns the status.
+# The rows a run printed are taken whatever its status: Loom's benchmark
+# exits 1 when a result was wrong, and that row must show as wrong ('x'),
+# not vanish.
 run() {
   local label="$1"; shift
   echo "## $label: $*" >> "$LOG"
@@ -188,23 +205,23 @@ for n in $RANKS; do
       # Gloo's TCP transport needs ms per small operation once oversubscribed
       # and runs every algorithm: fewer iterations keep it within --timeout.
       run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" "${LOOM_THP[@]}" -c $check --csv && take_loom "$coll"
+          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" "${LOOM_THP[@]}" -c $check --csv; take_loom "$coll"
       if [ "$MEM_ALLOC" = 1 ]; then
         run "loom-ma $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-            --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv && take_loom "$coll" loom-ma
+            --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv; take_loom "$coll" loom-ma
       fi
       if [ $HAVE_OMPI = 1 ]; then
-        run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" \
-            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_OPTS[@]}" -l ompi && take_peer
+        run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np "$n" \
+            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_OPTS[@]}" -l ompi; take_peer
       fi
       if [ $HAVE_MPICH = 1 ]; then
-        run "mpich $coll n=$n $part" mpirun.mpich -np "$n" \
-            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_OPTS[@]}" -l mpich && take_peer
+        run "mpich $coll n=$n $part" mpirun.mpich "${MPICH_BIND[@]}" -np "$n" \
+            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_OPTS[@]}" -l mpich; take_peer
       fi
       if [ $HAVE_GLOO = 1 ]; then
         store="$(mktemp -d)"
-        run "gloo $coll n=$n $part" "$BIN/loomrun" -n "$n" --no-prefix -- "$BIN/gloo_bench" -c "$coll" -d "$store" \
-            -s "$sizes" "${giters[@]}" && take_peer
+        run "gloo $coll n=$n $part" "$BIN/loomrun" -n "$n" --no-prefix --bind "$BIND" -- "$BIN/gloo_bench" -c "$coll" -d "$store" \
+            -s "$sizes" "${giters[@]}"; take_peer
         rm -rf "$store"
       fi
     done
@@ -232,15 +249,20 @@ echo "compare.sh: memory reference (mem_bench, footprints $FOOTPRINTS)" >&2
 "$BIN/mem_bench" --sizes "$SMALL,$LARGE" --footprints "$FOOTPRINTS" > "$OUT/mem.csv" 2>> "$LOG" || echo "compare.sh: mem_bench failed" >&2
 fi  # measuring
 
-python3 - "$RAW" "$OUT/mem.csv" "$OUT" <<'PY' | tee -a "$OUT/summary.md"
+python3 - "$RAW" "$OUT/mem.csv" "$OUT" "$(nproc)" <<'PY' | tee -a "$OUT/summary.md"
 import csv, sys, collections
 raw, memf, out = sys.argv[1:4]
+# The cores this run could use (nproc: the affinity mask, as the footprints
+# above were computed), not the machine's (os.cpu_count) under taskset.
+cores = int(sys.argv[4])
 data = collections.defaultdict(dict)   # (coll, n, size) -> impl -> (time_us, busbw, wrong)
+wrong_any = set()                       # (coll, n, size, impl) wrong in some round
 for r in csv.DictReader(open(raw)):
     impl = "gloo" if r["impl"].startswith("gloo") else r["impl"]
     key = (r["coll"], int(r["nranks"]), int(r["size"]))
     t, bw, wrong = float(r["time_us"]), float(r["busbw"]), float(r["wrong"] or 0)
     if key[2] == 0: continue  # nothing moved (e.g. 8 B split over 4 ranks)
+    if wrong: wrong_any.add(key + (impl,))
     prev = data[key].get(impl)
     # The best round (--rounds) and, for Gloo, the best algorithm per size,
     # preferring ones that verified; by time (busbw is rounded at small sizes).
@@ -268,9 +290,9 @@ def rates_for(c, n, s):
     else with one buffer set on one core (a mem.csv without that row)."""
     f = footprint(c, n)
     fps = [fp for (ss, fp) in mem_fp if ss == s and abs(fp - f) < 1e-6 * max(f, 1)]
+    if not fps and mem_fp: missing_fp.add((s, f))
     return mem_fp[(s, fps[0])] if fps else mem.get(s)
-import os
-cores = os.cpu_count() or 1
+missing_fp = set()
 def copy_bound(c, n, s):
     """busbw (GB/s) no implementation can beat on these cores: the sum over
     ranks of the copies and reductions the collective cannot avoid, at the
@@ -317,7 +339,8 @@ def human(b):
 impls = [i for i in ("loom", "loom-ma", "ompi", "mpich", "gloo") if any(i in d for d in data.values())]
 ma = "loom-ma" in impls
 print("\nbusbw in GB/s (decimal); sizes below 64 KiB show the time per operation in us instead.")
-print("ratio = Loom / best of Open MPI and MPICH (busbw; > 1: Loom is faster). 'x' marks a wrong result.")
+print("ratio = Loom / best of Open MPI and MPICH (busbw, from the times: best MPI time / Loom's; > 1: Loom is faster).")
+print("'x' marks a wrong result (in any round: the time shown is the best verified round's, if any).")
 if ma: print("loom-ma: Loom with buffers from loom::mem_alloc (-R 1); ratio-ma = loom-ma / best MPI.")
 print("Loom's out-of-place column, except broadcast: in place, the same call as MPI_Bcast (one buffer).\n")
 colls = []
@@ -342,11 +365,16 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
             # Sub-10 us latencies with two decimals: at one, 0.47 and 0.54 us
             # both read "0.5 us" beside a ratio of 1.13.
             v = (f"{t:.2f} us" if t < 10 else f"{t:.1f} us") if small else f"{bw:.2f}"
-            return v + (" x" if w else "")
+            return v + (" x" if w or (c, n, s, i) in wrong_any else "")
         row = [human(s)] + [cell(i) for i in impls]
         mpis = [d[i][1] for i in ("ompi", "mpich") if i in d and d[i][1] > 0]
-        row.append(f"{d['loom'][1] / max(mpis):.2f}" if "loom" in d and mpis else "-")
-        if ma: row.append(f"{d['loom-ma'][1] / max(mpis):.2f}" if "loom-ma" in d and mpis else "-")
+        # The ratio from the times (same size and ranks: busbw ratio = inverse
+        # time ratio); busbw is printed to 4 decimals and at 8 B is 0.0002-4.
+        mpi_t = [d[i][0] for i in ("ompi", "mpich") if i in d and d[i][0] > 0]
+        def ratio(i):
+            return f"{min(mpi_t) / d[i][0]:.2f}" if i in d and d[i][0] > 0 and mpi_t else "-"
+        row.append(ratio("loom"))
+        if ma: row.append(ratio("loom-ma"))
         if model:
             m = mem.get(s)
             row += [f"{m[2]:.2f}" if m else "-", f"{d['loom'][1] / m[2]:.0%}" if m and "loom" in d else "-"]
@@ -361,6 +389,9 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
                 row.append((f"{0.5 * m[2] / b:.2f}" + (" above" if 0.5 * m[2] > b else "")) if m and b else "-")
         print("| " + " | ".join(row) + " |")
     print()
+if missing_fp:
+    print("Note: mem.csv has no footprint row for " + ", ".join(f"{human(s)} x{f:g}" for s, f in sorted(missing_fp)) +
+          ": those copy bounds use the one-set, in-cache rates (optimistic).\n")
 if mem:
     print("### memory reference (one core)\n")
     print("| size | memcpy GB/s | reduce2 float sum GB/s | 2-rank allreduce model busbw GB/s | cross-process copy GB/s (both cores) | cross-core copy GB/s (both cores) |")

@@ -218,6 +218,10 @@ int main(int argc, char** argv) {
     if (count == 0) continue;
     for (auto& p : prepare(coll, ctx, b, count)) {
       for (int i = 0; i < warmup; ++i) p.run();
+      // Start the clocks together, as Loom's and the MPI benchmarks do: a
+      // rank still in its warm-up would otherwise add its lag to the others'.
+      gloo::BarrierOptions start(ctx);
+      gloo::barrier(start);
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) p.run();
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;

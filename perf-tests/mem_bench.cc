@@ -221,7 +221,14 @@ void round(XCtl* c, int me, pid_t peer, const Bufs& m, int* sense) {
 }
 
 // The child: rounds until told to quit.
-void child_main(XCtl* c, const Bufs& m) {
+// a_bytes / b_bytes / dst_bytes: the arrays' sizes. The child writes them
+// all first: after fork() they are the parent's pages (copy-on-write), and
+// the footprint rows, "every core on its own sets", would otherwise read one
+// physical source from both processes (the shared cache and DRAM saw it once).
+void child_main(XCtl* c, const Bufs& m, size_t a_bytes, size_t b_bytes, size_t dst_bytes) {
+  std::memset(m.a, 0, a_bytes);
+  std::memset(m.b, 0, b_bytes);
+  std::memset(m.dst, 0, dst_bytes);
   int sense = 0;
   for (;;) {
     barrier(c, &sense);  // a round (or quit) was posted
@@ -345,9 +352,10 @@ int main(int argc, char** argv) {
       x_pool = std::max(x_pool, half * static_cast<size_t>(sets_for(f, s, 2 * half, half)));
     }
   }
-  std::byte* a = touched(std::max(copy_pool, red_pool));
-  std::byte* b = touched(red_pool);
-  std::byte* dst = touched(std::max(copy_pool, red_pool));
+  const size_t a_bytes = std::max(copy_pool, red_pool), b_bytes = red_pool, dst_bytes = std::max(copy_pool, red_pool);
+  std::byte* a = touched(a_bytes);
+  std::byte* b = touched(b_bytes);
+  std::byte* dst = touched(dst_bytes);
   // The cross-process copy: a child shares the control block; both keep
   // buffers of the largest half times its sets (the child's are its own
   // copy-on-write pages, rewritten before each round).
@@ -369,7 +377,7 @@ int main(int argc, char** argv) {
     ctl->min_time = min_time;
     child = fork();
     if (child == 0) {
-      child_main(ctl, Bufs{a, b, dst, xsrc, xdst, {sh[0], sh[1]}});
+      child_main(ctl, Bufs{a, b, dst, xsrc, xdst, {sh[0], sh[1]}}, a_bytes, b_bytes, dst_bytes);
       _exit(0);
     }
     // Yama (ptrace_scope 1) lets a parent read its child but not the reverse

@@ -105,6 +105,8 @@ loom_run() {
 }
 
 # Columns named "size" and "busbw" (or "algbw") of a CSV -> "what,impl,n,size,GB/s" rows.
+# A row whose check found wrong elements (the peers' "wrong", Loom's
+# "oop_wrong") is not counted, and said so: a wrong result is no result.
 take_csv() {  # what impl n column [prefix-filter]
   python3 - "$OUT/last.out" "$1" "$2" "$3" "$4" "${5:-}" >> "$RAW" <<'PY'
 import csv, sys
@@ -112,6 +114,11 @@ path, what, impl, n, col, prefix = sys.argv[1:7]
 rows = [l for l in open(path) if l.strip() and not l.startswith('#')]
 for r in csv.DictReader(rows):
     if prefix and not r.get('impl', '').startswith(prefix):
+        continue
+    wrong = r.get('wrong', r.get('oop_wrong', '')) or '0'
+    if wrong not in ('0', '-1') and float(wrong) > 0:
+        print(f"net_compare.sh: {r.get('impl', impl)} {what} n={n} {r.get('size')} B: {wrong} wrong elements, "
+              "not counted", file=sys.stderr)
         continue
     try:
         print(f"{what},{r.get('impl', impl) if prefix else impl},{n},{int(float(r['size']))},{float(r[col]):.4f}")
@@ -159,13 +166,13 @@ for S in 1 2; do
     sr_iters=(-n $iters -w "${ITERS[3]}")
     port=$((port + 1))
     loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
-        "$BIN/sendrecv_perf" --sizes "$size" "${sr_iters[@]}" -c 0 --csv \
+        "$BIN/sendrecv_perf" --sizes "$size" "${sr_iters[@]}" -c 1 --csv \
       && take_csv sendrecv "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv nsocks=$S $size failed" >&2
     # One way (rank 0 sends, rank 1 receives; the slower rank's time): the
     # traffic of iperf3 without --bidir.
     port=$((port + 1))
     loom_run 2 $port LOOM_TRANSPORT=socket LOOM_SOCKET_NSOCKS=$S LOOM_SOCKET_NTHREADS=$S -- \
-        "$BIN/sendrecv_perf" --oneway --sizes "$size" "${sr_iters[@]}" -c 0 --csv \
+        "$BIN/sendrecv_perf" --oneway --sizes "$size" "${sr_iters[@]}" -c 1 --csv \
       && take_csv sendrecv1 "loom-nsocks$S" 2 oop_busbw || echo "net_compare.sh: loom sendrecv --oneway nsocks=$S $size failed" >&2
   done
 done
@@ -181,7 +188,7 @@ for N in 2 4; do
     iters=$((AR_BYTES / bytes)); [ $iters -lt "${ITERS[1]}" ] && iters=${ITERS[1]}; [ $iters -gt 200 ] && iters=200
     ar_iters=(-n $iters -w "${ITERS[3]}")
     port=$((port + 1))
-    loom_run $N $port LOOM_TRANSPORT=socket -- "$BIN/all_reduce_perf" --sizes "$SIZE" "${ar_iters[@]}" -c 0 --csv \
+    loom_run $N $port LOOM_TRANSPORT=socket -- "$BIN/all_reduce_perf" --sizes "$SIZE" "${ar_iters[@]}" -c 1 --csv \
       && take_csv allreduce loom $N oop_busbw || echo "net_compare.sh: loom allreduce n=$N failed" >&2
     if [ -x "$BIN/mpi_bench" ] && command -v mpirun >/dev/null; then
       # mpirun runs in namespace a (its own host); the "remote" host b is
@@ -191,7 +198,9 @@ for N in 2 4; do
       printf '#!/bin/sh\nh=$1; shift\n[ "$h" = "%s" ] && ns=%s || ns=%s\nexec ip netns exec "$ns" sh -c "$*"\n' \
           "${ADDR[0]}" "${NS[0]}" "${NS[1]}" > "$agent"
       chmod +x "$agent"
-      ip netns exec "${NS[0]}" mpirun --allow-run-as-root --oversubscribe -np $N \
+      # --bind-to none: both "hosts" are this machine's cores, and each
+      # daemon would pin its first rank to core 0 (2 ranks on one core).
+      ip netns exec "${NS[0]}" mpirun --allow-run-as-root --oversubscribe --bind-to none -np $N \
           -H "${ADDR[0]}:$((N / 2)),${ADDR[1]}:$((N / 2))" --mca plm_rsh_agent "$agent" \
           --mca btl tcp,self --mca btl_tcp_if_include 198.51.100.0/24 --mca oob_tcp_if_include 198.51.100.0/24 \
           "$BIN/mpi_bench" -c allreduce -s "$SIZE" "${ar_iters[@]}" -l ompi > "$OUT/last.out" 2>> "$LOG" \

@@ -2,7 +2,8 @@
 //
 // Starts N local ranks of `program` with the env bootstrap (LOOM_RANK,
 // LOOM_WORLD_SIZE, LOOM_ROOT_ADDR, LOOM_SECRET, LOOM_LOCAL_RANK), prefixes every
-// output line with the rank, and when one rank fails (non-zero exit or a
+// output line with the rank (a rank's stdout to loomrun's stdout, its stderr
+// to loomrun's stderr, as mpirun), and when one rank fails (non-zero exit or a
 // signal) gives the others a grace period, then terminates them and exits
 // non-zero with a one-line summary of who failed and how.
 #include <arpa/inet.h>
@@ -35,8 +36,9 @@ void usage(FILE* out) {
           "usage: loomrun -n N [--grace SECONDS] [--bind core|none] [--no-prefix] [--] program [args...]\n"
           "  Starts N ranks of program on this host with LOOM_RANK, LOOM_WORLD_SIZE,\n"
           "  LOOM_ROOT_ADDR (127.0.0.1:<free port>), LOOM_SECRET and LOOM_LOCAL_RANK set.\n"
-          "  Output lines are prefixed with [rank]. If a rank exits non-zero or is killed,\n"
-          "  the others get --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
+          "  Output lines are prefixed with [rank]; a rank's stdout goes to stdout, its\n"
+          "  stderr to stderr. If a rank exits non-zero or is killed, the others get\n"
+          "  --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
           "  then are terminated; loomrun prints a summary and exits with the first\n"
           "  failing rank's code (128 + signal number when it was killed), as mpirun.\n"
           "  --bind core (default) pins rank r to the r-th CPU loomrun may use (modulo their\n"
@@ -61,12 +63,19 @@ int free_port() {
   return port;
 }
 
+// One of a rank's two output pipes, forwarded line by line to `to`.
+struct Stream {
+  int fd = -1;
+  std::string partial;
+  FILE* to = stdout;
+};
+
 struct Rank {
   pid_t pid = -1;
-  int out_fd = -1;
-  std::string partial;
+  Stream io[2];  // stdout, stderr
   bool exited = false;
   int status = 0;
+  bool open() const { return io[0].fd >= 0 || io[1].fd >= 0; }
 };
 
 std::string describe_exit(int status) {
@@ -80,20 +89,26 @@ std::string describe_exit(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-void flush_lines(Rank& r, int rank, bool prefix, bool final) {
+void flush_lines(Stream& r, int rank, bool prefix, bool final) {
   size_t pos;
   while ((pos = r.partial.find('\n')) != std::string::npos) {
     std::string line = r.partial.substr(0, pos + 1);
     r.partial.erase(0, pos + 1);
-    if (prefix) fprintf(stdout, "[%d] %s", rank, line.c_str());
-    else fputs(line.c_str(), stdout);
+    if (prefix) fprintf(r.to, "[%d] %s", rank, line.c_str());
+    else fputs(line.c_str(), r.to);
   }
   if (final && !r.partial.empty()) {
-    if (prefix) fprintf(stdout, "[%d] %s\n", rank, r.partial.c_str());
-    else fprintf(stdout, "%s\n", r.partial.c_str());
+    if (prefix) fprintf(r.to, "[%d] %s\n", rank, r.partial.c_str());
+    else fprintf(r.to, "%s\n", r.partial.c_str());
     r.partial.clear();
   }
-  fflush(stdout);
+  fflush(r.to);
+}
+
+void close_stream(Stream& st, int rank, bool prefix) {
+  flush_lines(st, rank, prefix, true);
+  close(st.fd);
+  st.fd = -1;
 }
 
 }  // namespace
@@ -168,8 +183,15 @@ int main(int argc, char** argv) {
     return 2;
   };
   for (int r = 0; r < n; ++r) {
-    int fds[2];
+    // Two pipes: a rank's stderr stays stderr (regression: it went to
+    // loomrun's stdout, inside the CSV or JSON a benchmark printed there).
+    int fds[2], efds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return give_up("loomrun: pipe", r);
+    if (pipe2(efds, O_CLOEXEC) != 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return give_up("loomrun: pipe", r);
+    }
     pid_t pid = fork();
     if (pid < 0) return give_up("loomrun: fork", r);
     if (pid == 0) {
@@ -186,7 +208,7 @@ int main(int argc, char** argv) {
         sched_setaffinity(0, sizeof(one), &one);
       }
       dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
+      dup2(efds[1], STDERR_FILENO);
       setenv("LOOM_RANK", std::to_string(r).c_str(), 1);
       setenv("LOOM_LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -200,9 +222,12 @@ int main(int argc, char** argv) {
       _exit(127);
     }
     close(fds[1]);
+    close(efds[1]);
     setpgid(pid, pid);  // also here, so no kill races the child's own setpgid
     ranks[r].pid = pid;
-    ranks[r].out_fd = fds[0];
+    ranks[r].io[0].fd = fds[0];
+    ranks[r].io[1].fd = efds[0];
+    ranks[r].io[1].to = stderr;
   }
 
   using Clock = std::chrono::steady_clock;
@@ -212,42 +237,39 @@ int main(int argc, char** argv) {
   int alive = n;
   std::vector<int> killed_by_us;
   Clock::time_point all_exited_at{};
-  while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.out_fd >= 0; })) {
+  while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.open(); })) {
     // Once every rank has exited, a grandchild still holding the output pipe
     // must not keep loomrun alive: drain briefly, then stop reading.
     if (alive == 0) {
       if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
       if (Clock::now() - all_exited_at > std::chrono::milliseconds(500)) {
         for (int r = 0; r < n; ++r)
-          if (ranks[r].out_fd >= 0) {
-            flush_lines(ranks[r], r, prefix, true);
-            close(ranks[r].out_fd);
-            ranks[r].out_fd = -1;
-          }
+          for (Stream& st : ranks[r].io)
+            if (st.fd >= 0) close_stream(st, r, prefix);
         break;
       }
     }
     std::vector<pollfd> pfds;
-    std::vector<int> who;
+    std::vector<std::pair<int, int>> who;  // rank, stream
     for (int r = 0; r < n; ++r)
-      if (ranks[r].out_fd >= 0) {
-        pfds.push_back({ranks[r].out_fd, POLLIN, 0});
-        who.push_back(r);
-      }
+      for (int k = 0; k < 2; ++k)
+        if (ranks[r].io[k].fd >= 0) {
+          pfds.push_back({ranks[r].io[k].fd, POLLIN, 0});
+          who.push_back({r, k});
+        }
     if (!pfds.empty()) poll(pfds.data(), pfds.size(), 50);
     else usleep(20000);
     for (size_t k = 0; k < pfds.size(); ++k) {
       if (!(pfds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& rk = ranks[who[k]];
+      const int r = who[k].first;
+      Stream& st = ranks[r].io[who[k].second];
       char buf[65536];
-      ssize_t got = read(rk.out_fd, buf, sizeof(buf));
+      ssize_t got = read(st.fd, buf, sizeof(buf));
       if (got > 0) {
-        rk.partial.append(buf, static_cast<size_t>(got));
-        flush_lines(rk, who[k], prefix, false);
+        st.partial.append(buf, static_cast<size_t>(got));
+        flush_lines(st, r, prefix, false);
       } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        flush_lines(rk, who[k], prefix, true);
-        close(rk.out_fd);
-        rk.out_fd = -1;
+        close_stream(st, r, prefix);
       }
     }
     int status;

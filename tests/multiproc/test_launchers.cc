@@ -42,6 +42,27 @@ TEST(Loomrun, PrefixesOutputAndSucceeds) {
     EXPECT_NE(out.find("[" + std::to_string(r) + "] hello from " + std::to_string(r) + " of 3"), std::string::npos) << out;
 }
 
+// A rank's stderr goes to loomrun's stderr, its stdout to stdout, each line
+// prefixed, as mpirun keeps them. Regression: both went to stdout, so a
+// benchmark's warnings landed inside the CSV or JSON it printed there
+// (`loomrun ... all_reduce_perf --csv > out.csv`).
+TEST(Loomrun, KeepsTheRanksStderrApart) {
+  const std::string ranks = " -n 2 sh -c 'echo out $LOOM_RANK; echo err $LOOM_RANK >&2; printf tail$LOOM_RANK >&2'";
+  // run() adds 2>&1 at the end: each command routes its streams in a subshell.
+  auto [rc, out] = run("(" + build_dir() + "/bin/loomrun" + ranks + " 2>/dev/null)");
+  EXPECT_EQ(rc, 0) << out;
+  for (int r = 0; r < 2; ++r) EXPECT_NE(out.find("[" + std::to_string(r) + "] out " + std::to_string(r)), std::string::npos) << out;
+  EXPECT_EQ(out.find("err"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tail"), std::string::npos) << out;
+  auto [rc2, err] = run("(" + build_dir() + "/bin/loomrun --no-prefix" + ranks + " 2>&1 >/dev/null)");
+  EXPECT_EQ(rc2, 0) << err;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(err.find("err " + std::to_string(r) + "\n"), std::string::npos) << err;
+    EXPECT_NE(err.find("tail" + std::to_string(r) + "\n"), std::string::npos) << err;  // an unterminated last line
+  }
+  EXPECT_EQ(err.find("out"), std::string::npos) << err;
+}
+
 TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   auto t0 = std::chrono::steady_clock::now();
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 1 sh -c 'if [ $LOOM_RANK = 1 ]; then exit 3; fi; sleep 60'");

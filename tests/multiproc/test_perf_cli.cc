@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -550,12 +551,19 @@ TEST_F(PerfCli, AlgoSweepConfirmsBothAlgorithmsInOneProcess) {
 
 // compare.sh --summarize over a raw.csv and a mem.csv written here, in a
 // directory removed afterwards.
-Outcome summarize(const std::string& raw_rows, const std::string& mem_csv) {
+// `summary`: a summary.md the measuring run left there, if any; the
+// recomputed one is appended to the output after a "==== summary.md" line.
+Outcome summarize(const std::string& raw_rows, const std::string& mem_csv, const std::string& summary = "") {
   char dir[] = "/tmp/loom_compare_XXXXXX";
   if (!mkdtemp(dir)) return Outcome{-1, "mkdtemp failed"};
   std::ofstream(std::string(dir) + "/raw.csv") << "impl,coll,nranks,size,time_us,busbw,wrong\n" << raw_rows;
   std::ofstream(std::string(dir) + "/mem.csv") << mem_csv;
+  if (!summary.empty()) std::ofstream(std::string(dir) + "/summary.md") << summary;
   Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
+  if (!summary.empty()) {
+    std::ifstream in(std::string(dir) + "/summary.md");
+    r.out += "\n==== summary.md\n" + std::string(std::istreambuf_iterator<char>(in), {});
+  }
   if (system(("rm -rf " + std::string(dir)).c_str()) != 0) r.out += "\n(could not remove " + std::string(dir) + ")";
   return r;
 }
@@ -703,6 +711,80 @@ TEST_F(PerfCli, CompareBoundUsesTheCollectivesFootprint) {
   ASSERT_EQ(ag64.size(), 8u) << r.out;
   EXPECT_EQ(ag64[4], "2.00");
   EXPECT_NE(r.out.find("memory reference at the collectives' footprints"), std::string::npos) << r.out;
+  // 16 MiB has no footprint row (2-rank allreduce: 4 / 2 cores): its bound falls back to the in-cache rates,
+  // and the summary says so (regression: silently).
+  EXPECT_NE(r.out.find("mem.csv has no footprint row for 16 MiB x2"), std::string::npos) << r.out;
+}
+
+// The ratio comes from the times (same size and ranks: the busbw ratio is
+// the inverse time ratio). Regression: from busbw printed to 4 decimals,
+// which at 8 B is 0.0002 for both here (ratio 1.00 beside 0.39 vs 0.46 us).
+TEST_F(PerfCli, CompareRatioComesFromTheTimes) {
+  Outcome r = summarize("loom,allreduce,4,8,0.39,0.0002,0\nompi,allreduce,4,8,0.46,0.0002,0\n"
+                        "mpich,allreduce,4,8,0.52,0.0002,0\n",
+                        "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto row = summary_row(r.out, "allreduce, 4 ranks", "8 B");
+  ASSERT_GE(row.size(), 5u) << r.out;
+  EXPECT_EQ(row[4], "1.18") << r.out;  // 0.46 / 0.39
+}
+
+// With --rounds a wrong result stays marked though another round verified
+// (the time shown is the verified round's). Regression: the verified round
+// replaced it silently. And --summarize keeps the measuring run's header
+// (host, peers, modes, round trips) instead of overwriting it.
+TEST_F(PerfCli, CompareKeepsWrongRoundsMarkedAndTheHeader) {
+  Outcome r = summarize("loom,allreduce,2,4096,0.80,10.2,3\nloom,allreduce,2,4096,1.10,7.4,0\n"
+                        "ompi,allreduce,2,4096,1.50,5.4,0\nompi,allreduce,2,65536,20.0,6.5,0\n"
+                        "loom,allreduce,2,65536,10.0,13.1,0\n",
+                        "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n",
+                        "# compare.sh on host: 2 cores\n# fresh inputs: every input rewritten (--fresh)\n"
+                        "# core-to-core round trip at the end: 50 ns\n\nold tables\n");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto row = summary_row(r.out, "allreduce, 2 ranks", "4 KiB");
+  ASSERT_GE(row.size(), 4u) << r.out;
+  EXPECT_EQ(row[1], "1.10 us x") << r.out;
+  EXPECT_EQ(row[3], "1.36") << r.out;  // 1.50 / 1.10: the verified round's time
+  auto clean = summary_row(r.out, "allreduce, 2 ranks", "64 KiB");
+  ASSERT_GE(clean.size(), 2u) << r.out;
+  EXPECT_EQ(clean[1], "13.10") << r.out;
+  const std::string md = r.out.substr(r.out.find("==== summary.md"));
+  EXPECT_NE(md.find("# compare.sh on host: 2 cores\n# fresh inputs: every input rewritten (--fresh)\n"
+                    "# core-to-core round trip at the end: 50 ns\n# summary recomputed from"),
+            std::string::npos) << md;
+  EXPECT_EQ(md.find("old tables"), std::string::npos) << md;
+}
+
+// A measuring run: Loom only (the peers' programs are left out of the build
+// directory handed to compare.sh), with every verification made to fail on
+// rank 1. The rows are kept and marked wrong; the large sizes, not verified,
+// are not. Regression: a Loom run exits 1 on a wrong result and compare.sh
+// took no row of it, so a wrong Loom result showed as "-" (never as 'x').
+TEST_F(PerfCli, CompareMarksAWrongLoomRun) {
+  char dir[] = "/tmp/loom_compare_run_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  ASSERT_EQ(system(("mkdir -p " + d + "/bin").c_str()), 0);
+  for (const char* b : {"loomrun", "mem_bench", "all_reduce_perf", "reduce_scatter_perf", "all_gather_perf",
+                        "broadcast_perf"})
+    ASSERT_EQ(symlink((bin_dir() + "/" + b).c_str(), (d + "/bin/" + b).c_str()), 0) << b;
+  Outcome r = run("env LOOM_PERF_TEST_CORRUPT=1 bash " + source_dir() + "/perf-tests/compare.sh --build " + d +
+                  " --quick --ranks 2 --colls allreduce --out " + d + "/out");
+  (void)!system(("rm -rf " + d).c_str());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Loom launched by loomrun; ranks bound: core (every library alike)"), std::string::npos)
+      << r.out;
+  for (const char* size : {"8 B", "4 KiB", "64 KiB"}) {
+    auto row = summary_row(r.out, "allreduce, 2 ranks", size);
+    ASSERT_GE(row.size(), 2u) << size << "\n" << r.out;
+    EXPECT_EQ(row[1].substr(row[1].size() - 2), " x") << size << "\n" << r.out;
+  }
+  for (const char* size : {"1 MiB", "4 MiB"}) {
+    auto row = summary_row(r.out, "allreduce, 2 ranks", size);
+    ASSERT_GE(row.size(), 2u) << size << "\n" << r.out;
+    EXPECT_EQ(row[1].find('x'), std::string::npos) << size << "\n" << r.out;
+  }
+  EXPECT_EQ(run("bash " + source_dir() + "/perf-tests/compare.sh --bind sometimes --summarize /nonexistent").rc, 2);
 }
 
 // compare.sh --mem-alloc records Loom with mem_alloc buffers as "loom-ma":
