@@ -27,7 +27,7 @@ shift $((OPTIND - 1))
 COLL=$1 SIZES=$2; shift 2
 PERF=$BUILD/bin/${COLL}_perf
 [[ -x $PERF && -x $BUILD/bin/loomrun ]] || { echo "build $PERF first" >&2; exit 2; }
-out=$(mktemp); trap 'rm -f "$out"' EXIT
+out=$(mktemp); err=$(mktemp); one=$(mktemp); trap 'rm -f "$out" "$err" "$one"' EXIT
 for ((i = 1; i <= ROUNDS; i++)); do
   for c in "$@"; do
     algo=${c%%+*} envs=() args=()
@@ -36,9 +36,15 @@ for ((i = 1; i <= ROUNDS; i++)); do
     IFS=+ read -ra parts <<< "$c"
     for p in "${parts[@]:1}"; do [[ $p == *=* ]] && envs+=("$p"); done
     [[ $algo != auto ]] && args+=(-A "$algo")
+    # A failed run (a wrong result, a bad option) is reported and skipped;
+    # under set -e it ended the script without a word.
     # shellcheck disable=SC2086
-    env "${envs[@]}" "$BUILD/bin/loomrun" -n "$NR" -- "$PERF" "${args[@]}" $EXTRA --sizes "$SIZES" -n "$ITERS" -w 5 --csv 2>/dev/null |
-      awk -F, -v c="$c" -v col="$COL" '$3 + 0 > 0 && $1 ~ /^\[0\]/ {print c, $3, $col}' >> "$out"
+    if ! env "${envs[@]}" "$BUILD/bin/loomrun" -n "$NR" -- "$PERF" "${args[@]}" $EXTRA --sizes "$SIZES" -n "$ITERS" -w 5 \
+        --csv 2>"$err" | awk -F, -v c="$c" -v col="$COL" '$3 + 0 > 0 && $1 ~ /^\[0\]/ {print c, $3, $col}' > "$one"; then
+      echo "interleave.sh: $c (round $i) failed, not counted: $(tail -n 3 "$err" | tr '\n' ' ')" >&2
+    else
+      cat "$one" >> "$out"
+    fi
   done
 done
 awk '{k = $1 " " $2; if (!(k in m) || $3 < m[k]) m[k] = $3; s[k] = s[k] " " $3}
