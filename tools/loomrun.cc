@@ -7,6 +7,7 @@
 // signal) gives the others a grace period, then terminates them and exits
 // non-zero with a one-line summary of who failed and how.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -109,6 +110,38 @@ void close_stream(Stream& st, int rank, bool prefix) {
   flush_lines(st, rank, prefix, true);
   close(st.fd);
   st.fd = -1;
+}
+
+// A rank killed inside its communicator's shared-memory setup leaves its
+// segment in /dev/shm (each rank unlinks its own once its local peers have
+// mapped it): "loom-<16 hex digits>-<rank>-<pid>" (shm_segment_name in
+// src/transport/shm/shm_transport.h). Once the ranks have exited, those
+// ending in one of their pids are theirs: removed, and said so.
+void remove_stale_segments(const std::vector<Rank>& ranks) {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("loom-", 0) == 0) names.push_back(name);
+  }
+  closedir(d);
+  for (const std::string& name : names) {
+    // loom-<16 hex>-<rank>-<pid>
+    const size_t a = 5, b = name.find('-', a), c = b == std::string::npos ? b : name.find('-', b + 1);
+    if (b != a + 16 || c == std::string::npos || c == b + 1 || c + 1 >= name.size()) continue;
+    if (name.find_first_not_of("0123456789abcdef", a) != b) continue;
+    if (name.find_first_not_of("0123456789", b + 1) != c || name.find_first_not_of("0123456789", c + 1) != std::string::npos)
+      continue;
+    const long pid = strtol(name.c_str() + c + 1, nullptr, 10);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r].pid != pid) continue;
+      const std::string path = "/dev/shm/" + name;
+      if (unlink(path.c_str()) == 0)
+        fprintf(stderr, "loomrun: removed %s, left by rank %zu (pid %ld), which ended inside its shared-memory setup\n",
+                path.c_str(), r, pid);
+    }
+  }
 }
 
 }  // namespace
@@ -307,6 +340,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  remove_stale_segments(ranks);
   if (first_failed == -1) return 0;
   std::string summary = "loomrun: ";
   if (first_failed >= 0)

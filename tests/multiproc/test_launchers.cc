@@ -63,6 +63,26 @@ TEST(Loomrun, KeepsTheRanksStderrApart) {
   EXPECT_EQ(err.find("out"), std::string::npos) << err;
 }
 
+// A rank SIGKILLed inside shm setup (its segment created, not yet unlinked:
+// tests/common/kill_in_shm_setup.cc) leaves /dev/shm/loom-<secret>-<rank>-<pid>;
+// loomrun removes it once the ranks have exited, and says so. Regression: the
+// segment stayed (up to GiBs with large FIFOs) and nothing could tell whose.
+TEST(Loomrun, RemovesTheSegmentOfARankKilledInShmSetup) {
+  const std::string preload = build_dir() + "/tests/mock/libloom_kill_in_shm_setup.so";
+  if (access(preload.c_str(), R_OK) != 0) GTEST_SKIP() << "no " << preload << " (sanitizer build)";
+  auto [rc, out] = run("env LD_PRELOAD=" + preload + " LOOM_TEST_KILL_RANK=1 LOOM_TIMEOUT=20 " + build_dir() +
+                       "/bin/loomrun -n 2 " + build_dir() + "/bin/all_reduce_perf -b 8 -e 8 -n 1 -w 0");
+  EXPECT_EQ(rc, 137) << out;
+  const size_t at = out.find("rank 1 (pid ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string pid = std::to_string(atol(out.c_str() + at + 12));
+  EXPECT_NE(out.find("loomrun: removed /dev/shm/loom-"), std::string::npos) << out;
+  EXPECT_NE(out.find("-1-" + pid + ", left by rank 1 (pid " + pid + "), which ended inside its shared-memory setup"),
+            std::string::npos) << out;
+  auto [lsrc, left] = run("ls /dev/shm | grep -- '-" + pid + "$' || true");
+  EXPECT_EQ(left, "") << "segments of rank 1 still in /dev/shm";
+}
+
 TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   auto t0 = std::chrono::steady_clock::now();
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 1 sh -c 'if [ $LOOM_RANK = 1 ]; then exit 3; fi; sleep 60'");

@@ -1059,13 +1059,13 @@ Status fifo_size_mismatch(int me, int peer, size_t my_fifo, size_t peer_fifo) {
                        " B: set LOOM_SHM_FIFO_BYTES the same on every rank of a host (or leave it unset)");
 }
 
-std::string seg_name(uint64_t secret, int rank) {
-  char buf[64];
-  snprintf(buf, sizeof(buf), "/loom-%016llx-%d", static_cast<unsigned long long>(secret), rank);
+}  // namespace
+
+std::string shm_segment_name(uint64_t secret, int rank, int pid) {
+  char buf[80];
+  snprintf(buf, sizeof(buf), "/loom-%016llx-%d-%d", static_cast<unsigned long long>(secret), rank, pid);
   return buf;
 }
-
-}  // namespace
 
 Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, const std::vector<bool>& local,
                                                            size_t fifo_bytes, Deadline deadline) {
@@ -1081,11 +1081,11 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   t->conns_.resize(n);
   t->batch_.is_owed.assign(n, 0);
   t->batch_.owed.reserve(n);
-  t->own_name_ = seg_name(boot.secret(), r);
   for (const auto& p : boot.peers()) {
     t->peer_pids_.push_back(p.pid);
     t->peer_hosts_.push_back(p.hostname);
   }
+  t->own_name_ = shm_segment_name(boot.secret(), r, static_cast<int>(getpid()));
 
   // Every rank lays out its own segment and reads its peers' with its own
   // FIFO size: the ranks of a host must agree on it (LOOM_SHM_FIFO_BYTES set
@@ -1178,7 +1178,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   if (!st.is_ok()) return st.with_context("shm setup");
   for (int i = 0; i < n; ++i) {
     if (i == r || !local[i]) continue;
-    std::string name = seg_name(boot.secret(), i);
+    std::string name = shm_segment_name(boot.secret(), i, t->peer_pids_[static_cast<size_t>(i)]);
     void* q = SegmentMaps::get().acquire(name);  // a rank of this process
     if (q == nullptr) {
       int pfd = shm_open(name.c_str(), O_RDWR, 0600);

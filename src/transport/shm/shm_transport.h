@@ -19,6 +19,14 @@
 
 namespace loom {
 
+// The name of rank `rank`'s shared-memory segment (shm_open) for the
+// communicator of `secret`, created by process `pid`: "/loom-<secret in 16 hex
+// digits>-<rank>-<pid>". Each rank unlinks its own once every local peer has
+// mapped it; a rank killed before that leaves it in /dev/shm, and loomrun,
+// which knows its ranks' pids, removes what ends in "-<pid>" of a rank that
+// has exited (tools/loomrun.cc relies on this form).
+std::string shm_segment_name(uint64_t secret, int rank, int pid);
+
 class ShmTransport final : public Transport {
  public:
   // Collective over `boot`: every rank of the bootstrap must call it.
