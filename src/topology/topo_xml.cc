@@ -1,6 +1,7 @@
 #include "topology/topo_xml.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +21,18 @@ constexpr int kTclassNvSwitch = 0x0680;
 constexpr int kTclassCpu = 0x0604;
 constexpr int kMaxNvLinks = 64;
 constexpr double kDefaultPciBw = 15.75;  // PCIe gen3 x16, used when the link is not described
+
+// The far end of an NVLink as NCCL's dumps give it when it is not visible
+// (inside a VM).
+constexpr const char* kVmNvLinkSentinel = "fffffff:ffff:ff";
+
+bool is_vm_nvlink_sentinel(const std::string& s) {
+  if (s.size() != 15) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(s[i])) != kVmNvLinkSentinel[i]) return false;
+  }
+  return true;
+}
 
 bool parse_long(const std::string& s, long lo, long hi, long& out, int base = 10) {
   if (s.empty() || s.size() > 24) return false;
@@ -278,10 +291,6 @@ class Importer {
       const std::string* count = c.attr("count");
       std::string tb;
       long cnt = 0;
-      if (target == nullptr || !normalize_busid(*target, tb)) {
-        warn(c, "<nvlink> without a valid target skipped");
-        continue;
-      }
       if (count == nullptr || !parse_long(*count, 1, kMaxNvLinks, cnt)) {
         warn(c, "<nvlink> count missing or outside 1.." + std::to_string(kMaxNvLinks) + "; skipped");
         continue;
@@ -291,6 +300,21 @@ class Importer {
         tclass = parse_pci_class(*t);
         if (tclass < 0) {
           warn(c, "<nvlink> tclass '" + *t + "' malformed; skipped");
+          continue;
+        }
+      }
+      if (target == nullptr) {
+        warn(c, "<nvlink> without a target skipped");
+        continue;
+      }
+      if (!normalize_busid(*target, tb)) {
+        // Inside a VM NVML cannot see the far end of an NVLink and NCCL
+        // writes this sentinel with tclass 0x068000 (an NVSwitch is assumed).
+        // Only a GPU target needs a real bus id.
+        if (tclass == kTclassNvSwitch && is_vm_nvlink_sentinel(*target)) {
+          tb = kVmNvLinkSentinel;
+        } else {
+          warn(c, "<nvlink> target '" + *target + "' is not a PCI bus id; skipped");
           continue;
         }
       }

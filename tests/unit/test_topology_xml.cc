@@ -5,6 +5,7 @@
 
 #include "test_topology_util.h"
 #include "topology/discover.h"
+#include "topology/paths.h"
 #include "topology/topo_xml.h"
 #include "topology/xml.h"
 
@@ -307,6 +308,94 @@ TEST(TopologyImport, LinksToSeveralNvSwitchesAddUp) {
     EXPECT_DOUBLE_EQ(l.bw, 18 * 25.0);
   }
   EXPECT_EQ(nvl, 1);
+  expect_round_trip(g);
+}
+
+// Inside a VM NVML does not see the far end of an NVLink; NCCL's dump then
+// names the sentinel "fffffff:ffff:ff" with tclass 0x068000 (NVSwitch
+// assumed). Regression: such links were dropped as malformed, so an H100 VM
+// had no NVLink at all.
+TEST(TopologyImport, VmNvLinkSentinelIsAnNvSwitch) {
+  const char* xml = R"(<system version="1">
+  <cpu numaid="0" affinity="ffffffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:18:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+      <gpu dev="0" sm="90" rank="0" gdr="1">
+        <nvlink target="fffffff:ffff:ff" count="18" tclass="0x068000"/>
+      </gpu>
+    </pci>
+    <pci busid="0000:2a:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+      <gpu dev="1" sm="90" rank="1" gdr="1">
+        <nvlink target="fffffff:ffff:ff" count="18" tclass="0x068000"/>
+      </gpu>
+    </pci>
+  </cpu>
+</system>
+)";
+  auto r = graph_from_xml_text(xml, "vm-nvswitch");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    EXPECT_EQ(l.count, 18);
+    EXPECT_EQ(g.nodes[static_cast<size_t>(l.b)].type, NodeType::kNvSwitch);
+  }
+  EXPECT_EQ(nvl, 2);
+  std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(find_path(g, gpus[0], gpus[1]).type, PathType::kNvLink);
+  expect_round_trip(g);
+  // A garbage target is still refused.
+  QuietTopo quiet;
+  std::string bad = xml;
+  bad.replace(bad.find("fffffff:ffff:ff"), 15, "not-a-bus-id!!!");
+  auto b = graph_from_xml_text(bad, "bad-target");
+  ASSERT_TRUE(b.is_ok());
+  ASSERT_EQ(b.value().warnings.size(), 1u);
+  EXPECT_NE(b.value().warnings[0].find("target 'not-a-bus-id!!!' is not a PCI bus id"), std::string::npos)
+      << b.value().warnings[0];
+}
+
+// NVML gives bus ids with 8-digit domains, sysfs with 4; NCCL compares them
+// by value. Regression: an <nvlink target="00000000:2a:00.0"> did not find
+// the GPU at 0000:2a:00.0 and the NVLink was dropped.
+TEST(TopologyImport, BusIdsCompareByValue) {
+  std::string b;
+  ASSERT_TRUE(normalize_busid("00000000:2A:00.0", b));
+  EXPECT_EQ(b, "0000:2a:00.0");
+  ASSERT_TRUE(normalize_busid("0001a:00:01.0", b));
+  EXPECT_EQ(b, "001a:00:01.0");
+  ASSERT_TRUE(normalize_busid("0:00:01.0", b));
+  EXPECT_EQ(b, "0000:00:01.0");
+  ASSERT_TRUE(normalize_busid("00010000:00:01.0", b));
+  EXPECT_EQ(b, "10000:00:01.0");
+  const char* xml = R"(<system version="1">
+  <cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="85">
+    <pci busid="0000:18:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+      <gpu dev="0" sm="70"><nvlink target="00000000:2a:00.0" count="2" tclass="0x030200"/></gpu>
+    </pci>
+    <pci busid="00000000:2a:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+      <gpu dev="1" sm="70"><nvlink target="0000:18:00.0" count="2" tclass="0x030200"/></gpu>
+    </pci>
+  </cpu>
+</system>
+)";
+  auto r = graph_from_xml_text(xml, "nvml-busids");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    EXPECT_EQ(l.count, 2);
+    EXPECT_DOUBLE_EQ(l.bw, 2 * 25.0);
+  }
+  EXPECT_EQ(nvl, 1);
+  EXPECT_GE(g.find_busid("0000:2a:00.0", NodeType::kGpu), 0);
   expect_round_trip(g);
 }
 
