@@ -102,7 +102,7 @@ std::string TopoGraph::describe() const {
 }
 
 void TopoGraph::add_link(int a, int b, LinkType type, double bw, double latency_us, int count) {
-  links.push_back(TopoLink{a, b, type, bw, latency_us, count});
+  links.push_back(TopoLink{a, b, type, bw, latency_us, count, {}});
 }
 
 double pcie_bw(std::string_view link_speed, int width) {

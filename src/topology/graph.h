@@ -53,6 +53,7 @@ struct TopoLink {
   double bw = 0;          // GB/s, per direction
   double latency_us = 0;
   int count = 1;          // NVLink lanes aggregated in this link
+  std::string target;     // NVLink to a CPU: the far end's bus id as read (for export)
 };
 
 struct TopoGraph {

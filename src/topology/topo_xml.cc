@@ -17,8 +17,6 @@ constexpr int kClassBridge = 0x0604;
 constexpr int kClass3d = 0x0302;
 constexpr int kClassVga = 0x0300;
 constexpr int kClassIb = 0x0207;
-constexpr int kTclassNvSwitch = 0x0680;
-constexpr int kTclassCpu = 0x0604;
 constexpr int kMaxNvLinks = 64;
 constexpr double kDefaultPciBw = 15.75;  // PCIe gen3 x16, used when the link is not described
 
@@ -55,6 +53,28 @@ bool parse_real(const std::string& s, double lo, double hi, double& out) {
   return true;
 }
 
+// "0x030200" (class, subclass, prog-if) or "0x0302" (no prog-if) -> the
+// 24-bit value (0x030200 for both); -1 unless "0x" and 4 or 6 hex digits.
+long parse_class24(const std::string& s) {
+  if (s.size() != 6 && s.size() != 8) return -1;
+  if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
+  for (size_t i = 2; i < s.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(s[i]))) return -1;
+  }
+  long v = std::strtol(s.c_str() + 2, nullptr, 16);
+  return s.size() == 6 ? v << 8 : v;
+}
+
+// What the far end of an <nvlink> is, from its tclass, as NCCL decides it:
+// 0x068001 is a POWER9 CPU's NVLink port, any display class (0x03xxxx) a GPU,
+// and everything else (0x068000 and, e.g., bridges) an NVSwitch.
+enum class NvLinkPeer { kGpu, kNvSwitch, kCpu };
+NvLinkPeer nvlink_peer_of(long tclass24) {
+  if (tclass24 == 0x068001) return NvLinkPeer::kCpu;
+  if ((tclass24 >> 16) == 0x03) return NvLinkPeer::kGpu;
+  return NvLinkPeer::kNvSwitch;
+}
+
 // "0x030200" (24-bit class+prog-if) or "0x0302" -> 0x0302; -1 if malformed.
 int parse_pci_class(const std::string& s) {
   long v = 0;
@@ -67,7 +87,7 @@ struct PendingNvLink {
   int gpu;
   std::string target;
   int count;
-  int tclass;
+  NvLinkPeer peer;
   int line;
 };
 
@@ -295,13 +315,14 @@ class Importer {
         warn(c, "<nvlink> count missing or outside 1.." + std::to_string(kMaxNvLinks) + "; skipped");
         continue;
       }
-      int tclass = kClass3d;
+      NvLinkPeer peer = NvLinkPeer::kGpu;  // no tclass: a GPU, as in hand-written files
       if (const std::string* t = c.attr("tclass")) {
-        tclass = parse_pci_class(*t);
+        long tclass = parse_class24(*t);
         if (tclass < 0) {
-          warn(c, "<nvlink> tclass '" + *t + "' malformed; skipped");
+          warn(c, "<nvlink> tclass '" + *t + "' malformed (expected 0x and 6 hex digits, e.g. 0x068000); skipped");
           continue;
         }
+        peer = nvlink_peer_of(tclass);
       }
       if (target == nullptr) {
         warn(c, "<nvlink> without a target skipped");
@@ -311,14 +332,14 @@ class Importer {
         // Inside a VM NVML cannot see the far end of an NVLink and NCCL
         // writes this sentinel with tclass 0x068000 (an NVSwitch is assumed).
         // Only a GPU target needs a real bus id.
-        if (tclass == kTclassNvSwitch && is_vm_nvlink_sentinel(*target)) {
+        if (peer != NvLinkPeer::kGpu && is_vm_nvlink_sentinel(*target)) {
           tb = kVmNvLinkSentinel;
         } else {
           warn(c, "<nvlink> target '" + *target + "' is not a PCI bus id; skipped");
           continue;
         }
       }
-      nvlinks_.push_back({gpu, tb, static_cast<int>(cnt), tclass, c.line});
+      nvlinks_.push_back({gpu, tb, static_cast<int>(cnt), peer, c.line});
     }
   }
 
@@ -393,39 +414,52 @@ class Importer {
   void resolve_nvlinks() {
     int nvs = -1;
     std::set<std::pair<int, int>> seen;
-    std::set<std::pair<int, std::string>> switch_targets;  // (gpu, switch busid) already linked
+    // (gpu, far-end bus id) of the NVSwitch and CPU links already read.
+    std::set<std::pair<int, std::string>> fold_targets;
+    // Adds lanes to the GPU's one link to `to` (NCCL aggregates them too).
+    auto add_lanes = [&](const PendingNvLink& p, int to, double lane) {
+      if (!seen.insert({p.gpu, to}).second) {
+        for (TopoLink& l : g_.links)
+          if (l.type == LinkType::kNvLink && ((l.a == p.gpu && l.b == to) || (l.a == to && l.b == p.gpu))) {
+            l.bw += lane * p.count;
+            l.count += p.count;
+          }
+        return;
+      }
+      g_.add_link(p.gpu, to, LinkType::kNvLink, lane * p.count, 0, p.count);
+      g_.links.back().target = p.target;
+    };
     for (const PendingNvLink& p : nvlinks_) {
       XmlElement where;
       where.line = p.line;
       double lane = nvlink_lane_bw(g_.nodes[p.gpu].sm);
-      if (p.tclass == kTclassNvSwitch) {
-        // NCCL folds all NVSwitches of a host into one node; so do we.
-        if (nvs < 0) {
-          TopoNode s;
-          s.type = NodeType::kNvSwitch;
-          s.busid = p.target;
-          s.name = "NVS";
-          nvs = add_node(std::move(s));
-        }
-        // NCCL's dumps list one <nvlink> per physical switch: their lanes add
-        // up on the one folded link. The same switch listed twice is an error.
-        if (!switch_targets.insert({p.gpu, p.target}).second) {
-          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to NVSwitch " + p.target + " ignored");
+      if (p.peer != NvLinkPeer::kGpu) {
+        const bool to_cpu = p.peer == NvLinkPeer::kCpu;
+        // NCCL's dumps list one <nvlink> per far-end device (each NVSwitch,
+        // each of a POWER9 CPU's NVLink ports): their lanes add up on the one
+        // link. The same device listed twice is an error.
+        if (!fold_targets.insert({p.gpu, p.target}).second) {
+          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to " + (to_cpu ? "CPU port " : "NVSwitch ") +
+                          p.target + " ignored");
           continue;
         }
-        if (!seen.insert({p.gpu, nvs}).second) {
-          for (TopoLink& l : g_.links)
-            if (l.type == LinkType::kNvLink && ((l.a == p.gpu && l.b == nvs) || (l.a == nvs && l.b == p.gpu))) {
-              l.bw += lane * p.count;
-              l.count += p.count;
-            }
-          continue;
+        int to = -1;
+        if (to_cpu) {
+          // tclass 0x068001: NVLink between the GPU and its own CPU (POWER9).
+          to = g_.root_cpu(p.gpu);
+          if (to < 0) continue;  // cannot happen: every GPU hangs under a CPU
+        } else {
+          // NCCL folds all NVSwitches of a host into one node; so do we.
+          if (nvs < 0) {
+            TopoNode s;
+            s.type = NodeType::kNvSwitch;
+            s.busid = p.target;
+            s.name = "NVS";
+            nvs = add_node(std::move(s));
+          }
+          to = nvs;
         }
-        g_.add_link(p.gpu, nvs, LinkType::kNvLink, lane * p.count, 0, p.count);
-        continue;
-      }
-      if (p.tclass == kTclassCpu) {
-        warn(where, "<nvlink> to a CPU is not modelled; skipped");
+        add_lanes(p, to, lane);
         continue;
       }
       int peer = g_.find_busid(p.target, NodeType::kGpu);
@@ -586,9 +620,13 @@ class Exporter {
       const TopoNode& peer = g_.nodes[l.a == id ? l.b : l.a];
       XmlElement nv;
       nv.name = "nvlink";
-      nv.attrs = {{"target", peer.busid},
+      const char* tclass = peer.type == NodeType::kNvSwitch ? "0x068000"
+                           : peer.type == NodeType::kCpu    ? "0x068001"
+                                                            : "0x030200";
+      // A CPU has no bus id: its link keeps the NVLink port's from the file.
+      nv.attrs = {{"target", peer.type == NodeType::kCpu ? l.target : peer.busid},
                   {"count", std::to_string(l.count)},
-                  {"tclass", peer.type == NodeType::kNvSwitch ? "0x068000" : "0x030200"}};
+                  {"tclass", tclass}};
       gpu.children.push_back(std::move(nv));
     }
     // Link order in the graph depends on which end listed a link first; sort

@@ -399,6 +399,76 @@ TEST(TopologyImport, BusIdsCompareByValue) {
   expect_round_trip(g);
 }
 
+// Two GPUs whose NVLinks go to 0000:c3:00.0 with the given tclass.
+std::string nvlink_tclass_xml(const std::string& tclass) {
+  std::string gpu0 = "<pci busid=\"0000:18:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+                     "<gpu dev=\"0\" sm=\"80\"><nvlink target=\"0000:c3:00.0\" count=\"6\" tclass=\"" + tclass +
+                     "\"/></gpu></pci>\n";
+  std::string gpu1 = gpu0;
+  gpu1.replace(gpu1.find("18:00.0"), 7, "2a:00.0");
+  gpu1.replace(gpu1.find("dev=\"0\""), 7, "dev=\"1\"");
+  return "<system version=\"1\">\n<cpu numaid=\"0\" arch=\"x86_64\" vendor=\"GenuineIntel\" familyid=\"6\" modelid=\"143\">\n" +
+         gpu0 + gpu1 + "</cpu>\n</system>\n";
+}
+
+// The far end of an NVLink by its tclass, as NCCL decides it: 0x068001 is a
+// POWER9 CPU's NVLink port (the GPU gets an NVLink to its own CPU), any
+// 0x03xxxx a GPU, anything else an NVSwitch. Regression: 0x068001 was cut to
+// 0x0680 and became an invented NVSwitch (NVL between GPUs that have none);
+// 0x060400 was taken for a CPU and dropped ("to a CPU is not modelled").
+TEST(TopologyImport, NvLinkTargetClassesAsNccl) {
+  {
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x068001"), "p9");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+    const TopoGraph& g = r.value().graph;
+    EXPECT_EQ(g.count(NodeType::kNvSwitch), 0);
+    int cpu = g.nodes_of(NodeType::kCpu)[0];
+    int nvl = 0;
+    for (const TopoLink& l : g.links) {
+      if (l.type != LinkType::kNvLink) continue;
+      ++nvl;
+      EXPECT_TRUE(l.a == cpu || l.b == cpu);
+      EXPECT_EQ(l.count, 6);
+      EXPECT_DOUBLE_EQ(l.bw, 6 * 25.0);
+    }
+    EXPECT_EQ(nvl, 2);
+    std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
+    EXPECT_EQ(find_path(g, gpus[0], cpu).type, PathType::kNvLink);
+    expect_round_trip(g);
+    EXPECT_NE(write_xml(graph_to_xml(g)).find("target=\"0000:c3:00.0\" count=\"6\" tclass=\"0x068001\""),
+              std::string::npos);
+  }
+  for (const char* nvs_class : {"0x068000", "0x060400", "0x0680"}) {
+    auto r = graph_from_xml_text(nvlink_tclass_xml(nvs_class), nvs_class);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().warnings.empty()) << nvs_class << ": " << r.value().warnings.front();
+    const TopoGraph& g = r.value().graph;
+    EXPECT_EQ(g.count(NodeType::kNvSwitch), 1) << nvs_class;
+    int nvl = 0;
+    for (const TopoLink& l : g.links) nvl += l.type == LinkType::kNvLink;
+    EXPECT_EQ(nvl, 2) << nvs_class;
+  }
+  {
+    // A 0x03 class other than 0x0302 is a GPU too: 0000:c3:00.0 is not one
+    // of this file's GPUs, so the link is skipped with that reason.
+    QuietTopo quiet;
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x038000"), "gpu-class");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r.value().warnings.size(), 2u);
+    EXPECT_NE(r.value().warnings[0].find("target 0000:c3:00.0 is not another GPU"), std::string::npos)
+        << r.value().warnings[0];
+    EXPECT_EQ(r.value().graph.count(NodeType::kNvSwitch), 0);
+  }
+  {
+    QuietTopo quiet;
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x0x0302"), "bad-class");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r.value().warnings.size(), 2u);
+    EXPECT_NE(r.value().warnings[0].find("tclass '0x0x0302' malformed"), std::string::npos) << r.value().warnings[0];
+  }
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
