@@ -15,7 +15,6 @@ namespace {
 
 constexpr int kClassBridge = 0x0604;
 constexpr int kClass3d = 0x0302;
-constexpr int kClassVga = 0x0300;
 constexpr int kClassIb = 0x0207;
 constexpr int kMaxNvLinks = 64;
 constexpr double kDefaultPciBw = 15.75;  // PCIe gen3 x16, used when the link is not described
@@ -75,12 +74,11 @@ NvLinkPeer nvlink_peer_of(long tclass24) {
   return NvLinkPeer::kNvSwitch;
 }
 
-// "0x030200" (24-bit class+prog-if) or "0x0302" -> 0x0302; -1 if malformed.
+// "0x030200" (24-bit class+prog-if) or "0x0302" -> 0x0302; -1 if malformed
+// (strtol alone read "0x0x0302" as 0x302 and so as class 0x0003).
 int parse_pci_class(const std::string& s) {
-  long v = 0;
-  if (s.size() < 3 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
-  if (!parse_long(s.substr(2), 0, 0xFFFFFF, v, 16)) return -1;
-  return static_cast<int>(s.size() > 6 ? (v >> 8) : v);
+  long v = parse_class24(s);
+  return v < 0 ? -1 : static_cast<int>(v >> 8);
 }
 
 struct PendingNvLink {
@@ -222,7 +220,7 @@ class Importer {
     int cls = -1;
     if (const std::string* c = el.attr("class")) {
       cls = parse_pci_class(*c);
-      if (cls < 0) warn(el, "<pci> class '" + *c + "' malformed");
+      if (cls < 0) warn(el, "<pci> class '" + *c + "' malformed (expected 0x and 6 hex digits, e.g. 0x030200); ignored");
     }
     bool has_pci_children = std::any_of(el.children.begin(), el.children.end(),
                                         [](const XmlElement& c) { return c.name == "pci" || c.name == "nic"; });
@@ -233,7 +231,11 @@ class Importer {
     n.busid = busid;
     n.attrs = el.attrs;
     double bw = pci_link_bw(el);
-    if (cls == kClass3d || (cls == kClassVga && has_gpu_child) || (cls < 0 && has_gpu_child)) {
+    // NCCL makes a GPU of any display class (0x03xx) with a <gpu> child:
+    // 0x0300 VGA, 0x0302 3D, and 0x0380 "other display controller", which some
+    // GPUs report. A 0x0302 without <gpu> is still one (hand-written files).
+    const bool display = cls >= 0 && (cls >> 8) == 0x03;
+    if (cls == kClass3d || (display && has_gpu_child) || (cls < 0 && has_gpu_child)) {
       n.type = NodeType::kGpu;
       int id = add_node(std::move(n));
       g_.add_link(id, parent, LinkType::kPci, bw);

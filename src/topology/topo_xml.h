@@ -8,7 +8,8 @@
 //         <pci busid class="0x030200" ...><gpu dev sm ...><nvlink target count tclass/></gpu></pci>
 //         <pci busid class="0x020700" ...><nic><net name dev speed latency .../></nic></pci>
 //       <nic><net .../></nic>                               (a NIC without PCI info)
-// PCI class 0x0604 = bridge/switch, 0x0302 = GPU, 0x02xx = NIC (0x0207 = IB).
+// PCI class 0x0604 = bridge/switch, 0x0302 (or 0x03xx with <gpu>) = GPU,
+// 0x02xx = NIC (0x0207 = IB).
 //
 // Contract for bad input: syntax errors, a wrong root, or limits exceeded ->
 // a kInvalidArgument Status naming the line. Semantic problems (unknown

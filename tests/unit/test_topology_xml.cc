@@ -469,6 +469,39 @@ TEST(TopologyImport, NvLinkTargetClassesAsNccl) {
   }
 }
 
+// NCCL makes a GPU of any display class (0x03xxxx) with a <gpu> child.
+// Regression: class 0x038000 ("other display controller", which some GPUs
+// report) was dropped silently with its <gpu>; and a malformed class was
+// half-parsed by strtol ("0x0x0302" read as class 0x0003) and dropped without
+// a word.
+TEST(TopologyImport, AnyDisplayClassWithAGpuIsAGpu) {
+  const char* xml = R"(<system version="1"><cpu numaid="0">
+  <pci busid="0000:01:00.0" class="0x038000" link_speed="16.0 GT/s PCIe" link_width="16"><gpu dev="0" sm="90"/></pci>
+  <pci busid="0000:02:00.0" class="0x030000" link_speed="16.0 GT/s PCIe" link_width="16"><gpu dev="1" sm="90"/></pci>
+  <pci busid="0000:03:00.0" class="0x030000"/>
+</cpu></system>
+)";
+  auto r = graph_from_xml_text(xml, "c380");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kGpu), 2);  // a VGA device without <gpu> (a BMC) is not one
+  EXPECT_GE(g.find_busid("0000:01:00.0", NodeType::kGpu), 0);
+  expect_round_trip(g);
+
+  QuietTopo quiet;
+  for (const char* bad : {"0x0x0302", "0x3", "0x03020", "0x+30200", "0x 0302", "0302"}) {
+    std::string text = std::string("<system><cpu numaid=\"0\"><pci busid=\"0000:01:00.0\" class=\"") + bad +
+                       "\"/></cpu></system>";
+    auto b = graph_from_xml_text(text, "bad-class");
+    ASSERT_TRUE(b.is_ok()) << bad;
+    ASSERT_EQ(b.value().warnings.size(), 1u) << bad;
+    EXPECT_NE(b.value().warnings[0].find(std::string("<pci> class '") + bad + "' malformed"), std::string::npos)
+        << b.value().warnings[0];
+    EXPECT_EQ(b.value().graph.count(NodeType::kGpu), 0) << bad;
+  }
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
