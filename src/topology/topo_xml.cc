@@ -192,12 +192,16 @@ class Importer {
   double pci_link_bw(const XmlElement& el) {
     const std::string* sp = el.attr("link_speed");
     const std::string* wd = el.attr("link_width");
-    if (sp == nullptr || wd == nullptr || *sp == "Unknown" || sp->empty()) return kDefaultPciBw;
+    // sysfs says "Unknown" (older kernels "Unknown speed") when it cannot tell.
+    if (sp == nullptr || wd == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return kDefaultPciBw;
     long width = 0;
-    if (!parse_long(*wd, 1, 32, width)) {
+    if (!parse_long(*wd, 0, 32, width)) {
       warn(el, "<pci> link_width '" + *wd + "' invalid; assuming PCIe gen3 x16");
       return kDefaultPciBw;
     }
+    // NCCL writes link_width="0" when the upstream port has no max_link_width
+    // (a device on a root port) and reads it as x16 at the given speed.
+    if (width == 0) width = 16;
     double bw = pcie_bw(*sp, static_cast<int>(width));
     if (bw <= 0) {
       warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x16");

@@ -502,6 +502,32 @@ TEST(TopologyImport, AnyDisplayClassWithAGpuIsAGpu) {
   }
 }
 
+// The bandwidth of a GPU's PCI link as imported from these attributes.
+double gpu_pci_bw(const std::string& link_attrs) {
+  std::string text = "<system><cpu numaid=\"0\"><pci busid=\"0000:00:04.0\" class=\"0x030200\" " + link_attrs +
+                     "><gpu dev=\"0\" sm=\"90\"/></pci></cpu></system>";
+  auto r = graph_from_xml_text(text, "link");
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  if (!r.is_ok()) return -1;
+  EXPECT_TRUE(r.value().warnings.empty()) << link_attrs << ": " << r.value().warnings.front();
+  for (const TopoLink& l : r.value().graph.links)
+    if (l.type == LinkType::kPci) return l.bw;
+  return -1;
+}
+
+// NCCL writes link_width="0" where the upstream port has no max_link_width
+// (a device on a root port) and its importer reads that as x16 at the given
+// speed. Regression: Loom warned and fell back to gen3 x16, so a gen5 GPU
+// had a quarter of its PCIe bandwidth. "Unknown speed" (older kernels) is
+// "Unknown": the documented default, without a warning.
+TEST(TopologyImport, LinkWidthZeroIsX16AtTheGivenSpeed) {
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"32.0 GT/s PCIe\" link_width=\"0\""), pcie_bw("32.0 GT/s", 16), 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"32.0 GT/s PCIe\" link_width=\"16\""), 63.02, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"16.0 GT/s PCIe\" link_width=\"8\""), 15.75, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"16\""), 15.75, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"0\""), 15.75, 0.01);
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
