@@ -140,6 +140,7 @@ void add_nvml_gpus(XmlElement& system, const DiscoverOptions& opt) {
       el.set_attr("vendor", id);
       std::snprintf(id, sizeof id, "0x%04x", g.pci_device_id >> 16);
       el.set_attr("device", id);
+      pci_link_attrs(opt.sysfs_root, g.busid, el.attrs);
       system.children[0].children.push_back(std::move(el));
       pci = &system.children[0].children.back();
     }
@@ -150,6 +151,46 @@ void add_nvml_gpus(XmlElement& system, const DiscoverOptions& opt) {
               g.links.size(), added ? " (not in hwloc's PCI tree: placed under the first CPU)" : "");
   }
 }
+
+// GT/s at the start of a sysfs link speed ("16.0 GT/s PCIe", "8 GT/s"); 0
+// when unknown ("Unknown", "Unknown speed" on older kernels, missing file).
+double link_gts(const std::string& speed) {
+  char* end = nullptr;
+  double v = std::strtod(speed.c_str(), &end);
+  return end != speed.c_str() && v > 0 ? v : 0;
+}
+
+}  // namespace
+
+void pci_link_attrs(const std::string& sysfs_root, const std::string& busid, AttrList& attrs) {
+  // bus/pci/devices/X links to the device's directory, whose parent is its
+  // upstream port (or the root complex, which has no link files).
+  const std::string dev = sysfs_root + "/bus/pci/devices/" + busid + "/";
+  const std::string port = dev + "../";
+  // The link's capability, not its state: a GPU idles at 2.5 GT/s, so
+  // current_* would make the model depend on the power state at init.
+  auto read = [](const std::string& dir, const char* what) {
+    std::string v = read_line(dir + "max_" + what);
+    return v.empty() ? read_line(dir + "current_" + what) : v;
+  };
+  std::string speed = read(dev, "link_speed");
+  std::string port_speed = read(port, "link_speed");
+  double gts = link_gts(speed), port_gts = link_gts(port_speed);
+  if (port_gts > 0 && (gts <= 0 || port_gts < gts)) {
+    speed = port_speed;
+    gts = port_gts;
+  }
+  if (gts <= 0) return;  // unknown speed: the importer's default
+  long width = std::atol(read(dev, "link_width").c_str());
+  long port_width = std::atol(read(port, "link_width").c_str());
+  if (port_width > 0 && (width <= 0 || port_width < width)) width = port_width;
+  // Kept as sysfs writes it ("16.0 GT/s PCIe"), as NCCL does. Width 0 = not
+  // known, read as x16 (NCCL's convention).
+  attrs.emplace_back("link_speed", speed);
+  attrs.emplace_back("link_width", std::to_string(width > 0 ? width : 0));
+}
+
+namespace {
 
 #ifdef LOOM_HAVE_HWLOC
 
@@ -228,19 +269,6 @@ class HwlocDiscovery {
     return 0;
   }
 
-  void set_link_attrs(AttrList& attrs, const std::string& busid) {
-    std::string base = opt_.sysfs_root + "/bus/pci/devices/" + busid + "/";
-    std::string speed = read_line(base + "current_link_speed");
-    std::string width = read_line(base + "current_link_width");
-    if (!speed.empty() && !width.empty() && speed != "Unknown") {
-      // "16.0 GT/s PCIe" -> "16.0 GT/s", the form NCCL writes.
-      size_t cut = speed.find(" PCIe");
-      if (cut != std::string::npos) speed.resize(cut);
-      attrs.emplace_back("link_speed", speed);
-      attrs.emplace_back("link_width", width);
-    }
-  }
-
   int tmp_for(hwloc_obj_t obj, bool bridge) {
     auto it = tmp_index_.find(obj);
     if (it != tmp_index_.end()) return it->second;
@@ -256,7 +284,7 @@ class HwlocDiscovery {
     t.attrs.emplace_back("vendor", id);
     std::snprintf(id, sizeof id, "0x%04x", static_cast<unsigned>(p.device_id));
     t.attrs.emplace_back("device", id);
-    set_link_attrs(t.attrs, busid);
+    pci_link_attrs(opt_.sysfs_root, busid, t.attrs);
     tmps_.push_back(std::move(t));
     int idx = static_cast<int>(tmps_.size() - 1);
     tmp_index_[obj] = idx;

@@ -604,5 +604,78 @@ TEST(TopologyDiscover, SysfsNetworkSpeeds) {
   EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(g.nodes_of(NodeType::kNic)[0])].net_bw, 25000.0 / 8000.0);
 }
 
+// A fake sysfs tree under the test's temp dir, removed first.
+struct FakeSysfs {
+  std::string root;
+  explicit FakeSysfs(const std::string& name) : root(::testing::TempDir() + "/" + name) {
+    EXPECT_EQ(std::system(("rm -rf '" + root + "' && mkdir -p '" + root + "'").c_str()), 0);
+  }
+  void put(const std::string& rel, const std::string& content) const {
+    std::string path = root + "/" + rel;
+    std::string dir = path.substr(0, path.rfind('/'));
+    ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+    std::ofstream(path) << content << "\n";
+  }
+  // bus/pci/devices/<busid> -> the device's directory under devices/, as the kernel links it.
+  void pci_device(const std::string& busid, const std::string& devices_path) const {
+    ASSERT_EQ(std::system(("mkdir -p '" + root + "/devices/" + devices_path + "' '" + root + "/bus/pci/devices' && ln -s '" +
+                           root + "/devices/" + devices_path + "' '" + root + "/bus/pci/devices/" + busid + "'")
+                              .c_str()),
+              0);
+  }
+  std::string attr(const std::string& busid, const std::string& name) const {
+    AttrList a;
+    pci_link_attrs(root, busid, a);
+    XmlElement el;
+    el.attrs = a;
+    const std::string* v = el.attr(name);
+    return v == nullptr ? "(none)" : *v;
+  }
+};
+
+// NCCL reads max_link_speed/max_link_width of the device and of its upstream
+// port and keeps the smaller. Regression: Loom read current_link_*, and a GPU
+// idles at 2.5 GT/s, so the model (and the algorithms chosen) depended on the
+// power state at init; it also cut the " PCIe" suffix NCCL keeps.
+TEST(TopologyDiscover, PciLinkIsMaxOfDeviceCappedByItsPort) {
+  FakeSysfs fs("loom_fake_sysfs_link");
+  const std::string port = "pci0000:00/0000:00:01.0";
+  fs.pci_device("0000:00:01.0", port);
+  fs.pci_device("0000:01:00.0", port + "/0000:01:00.0");
+  fs.pci_device("0000:02:00.0", port + "/0000:02:00.0");
+  fs.pci_device("0000:00:05.0", "pci0000:00/0000:00:05.0");  // on the root complex
+  fs.pci_device("0000:00:06.0", "pci0000:00/0000:00:06.0");
+  fs.pci_device("0000:00:07.0", "pci0000:00/0000:00:07.0");
+  auto link = [&](const std::string& dir, const std::string& max_speed, const std::string& max_width,
+                  const std::string& cur_speed, const std::string& cur_width) {
+    if (!max_speed.empty()) fs.put("devices/" + dir + "/max_link_speed", max_speed);
+    if (!max_width.empty()) fs.put("devices/" + dir + "/max_link_width", max_width);
+    if (!cur_speed.empty()) fs.put("devices/" + dir + "/current_link_speed", cur_speed);
+    if (!cur_width.empty()) fs.put("devices/" + dir + "/current_link_width", cur_width);
+  };
+  link(port, "32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16");
+  // An idle gen5 GPU: its capability, not its 2.5 GT/s idle state.
+  link(port + "/0000:01:00.0", "32.0 GT/s PCIe", "16", "2.5 GT/s PCIe", "16");
+  EXPECT_EQ(fs.attr("0000:01:00.0", "link_speed"), "32.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:01:00.0", "link_width"), "16");
+  // A gen5 x16 device behind a slower port: the port bounds it.
+  link(port + "/0000:02:00.0", "64.0 GT/s PCIe", "32", "64.0 GT/s PCIe", "32");
+  EXPECT_EQ(fs.attr("0000:02:00.0", "link_speed"), "32.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:02:00.0", "link_width"), "16");
+  // On the root complex (no upstream port files): the device's own.
+  link("pci0000:00/0000:00:05.0", "16.0 GT/s PCIe", "8", "2.5 GT/s PCIe", "8");
+  EXPECT_EQ(fs.attr("0000:00:05.0", "link_speed"), "16.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:00:05.0", "link_width"), "8");
+  // No max_* files: current_* is all there is.
+  link("pci0000:00/0000:00:06.0", "", "", "8.0 GT/s PCIe", "4");
+  EXPECT_EQ(fs.attr("0000:00:06.0", "link_speed"), "8.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:00:06.0", "link_width"), "4");
+  // Unknown speed, in either kernel's words: no link attributes (the default).
+  link("pci0000:00/0000:00:07.0", "Unknown speed", "16", "Unknown speed", "16");
+  EXPECT_EQ(fs.attr("0000:00:07.0", "link_speed"), "(none)");
+  EXPECT_EQ(fs.attr("0000:00:07.0", "link_width"), "(none)");
+  EXPECT_EQ(fs.attr("0000:09:00.0", "link_speed"), "(none)");  // no such device
+}
+
 }  // namespace
 }  // namespace loom::topo
