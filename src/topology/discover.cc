@@ -246,10 +246,20 @@ class HwlocDiscovery {
       XmlElement cpu;
       cpu.name = "cpu";
       cpu.set_attr("numaid", std::to_string(numa->os_index));
-      char buf[1024];
-      if (numa->cpuset != nullptr && hwloc_bitmap_snprintf(buf, sizeof buf, numa->cpuset) > 0) {
-        cpu.set_attr("affinity", buf);
+      // NCCL's form, the kernel's cpumap ("ffffffff,0000ffff"); hwloc's own
+      // ("0xffffffff,0x0000ffff") only when sysfs has no such file.
+      std::string cpus =
+          read_line(opt_.sysfs_root + "/devices/system/node/node" + std::to_string(numa->os_index) + "/cpumap");
+      if (cpus.empty() && numa->cpuset != nullptr && hwloc_bitmap_last(numa->cpuset) >= 0) {
+        constexpr int kUlongBits = static_cast<int>(sizeof(unsigned long) * 8);
+        std::vector<uint32_t> words;
+        for (int i = 0; i <= hwloc_bitmap_last(numa->cpuset) / kUlongBits; ++i) {
+          uint64_t w = hwloc_bitmap_to_ith_ulong(numa->cpuset, static_cast<unsigned>(i));
+          for (int b = 0; b < kUlongBits; b += 32) words.push_back(static_cast<uint32_t>(w >> b));
+        }
+        cpus = cpumap_string(words);
       }
+      if (!cpus.empty()) cpu.set_attr("affinity", cpus);
       cpu.set_attr("arch", machine_arch());
       if (!vendor.empty()) cpu.set_attr("vendor", vendor);
       if (!family.empty()) cpu.set_attr("familyid", family);

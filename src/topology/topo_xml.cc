@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -89,6 +90,8 @@ struct PendingNvLink {
   int line;
 };
 
+bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+
 class Importer {
  public:
   explicit Importer(std::string source) : source_(std::move(source)) {}
@@ -164,6 +167,7 @@ class Importer {
     cpu.type = NodeType::kCpu;
     cpu.numa_id = static_cast<int>(numa);
     cpu.attrs = el.attrs;
+    normalize_affinity(el, cpu.attrs);
     if (const std::string* a = el.attr("arch")) cpu.arch = *a;
     if (const std::string* a = el.attr("vendor")) cpu.vendor = *a;
     long x = 0;
@@ -178,6 +182,24 @@ class Importer {
     int id = add_node(std::move(cpu));
     if (numa == -1) unknown_numa_cpu_ = id;
     import_cpu_children(el, id);
+  }
+
+  // Keeps <cpu affinity> in the cpumap form NCCL reads: hwloc's "0x..." form
+  // (written by older Loom) is rewritten, anything else dropped with a warning.
+  void normalize_affinity(const XmlElement& el, AttrList& attrs) {
+    for (auto it = attrs.begin(); it != attrs.end(); ++it) {
+      if (it->first != "affinity") continue;
+      std::vector<uint32_t> words;
+      if (!parse_cpu_affinity(it->second, words)) {
+        warn(el, "<cpu> affinity '" + it->second + "' is not a CPU mask (e.g. \"ffffffff,0000ffff\"); ignored");
+        attrs.erase(it);
+        return;
+      }
+      if (it->second.find('x') != std::string::npos || it->second.find('X') != std::string::npos) {
+        it->second = cpumap_string(words);
+      }
+      return;
+    }
   }
 
   void import_cpu_children(const XmlElement& el, int id) {
@@ -650,6 +672,48 @@ class Exporter {
 };
 
 }  // namespace
+
+bool parse_cpu_affinity(const std::string& s, std::vector<uint32_t>& words) {
+  words.clear();
+  if (s.empty() || s.size() > 4096) return false;
+  // Comma-separated groups, most significant first; each "0x" + hex (hwloc)
+  // or 1-8 hex digits (cpumap). hwloc's single group may be longer than 8
+  // digits ("0x00000003ffffffff" from its taskset form); split it in words.
+  size_t pos = 0;
+  std::vector<uint32_t> msb_first;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string g = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (g.size() > 2 && g[0] == '0' && (g[1] == 'x' || g[1] == 'X')) g = g.substr(2);
+    else if (g.size() > 8) return false;
+    if (g.empty() || !std::all_of(g.begin(), g.end(), is_hex)) return false;
+    std::vector<uint32_t> part;
+    for (size_t end = g.size(); end > 0;) {
+      size_t begin = end > 8 ? end - 8 : 0;
+      part.insert(part.begin(), static_cast<uint32_t>(std::strtoul(g.substr(begin, end - begin).c_str(), nullptr, 16)));
+      end = begin;
+    }
+    msb_first.insert(msb_first.end(), part.begin(), part.end());
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  words.assign(msb_first.rbegin(), msb_first.rend());
+  return true;
+}
+
+std::string cpumap_string(const std::vector<uint32_t>& words) {
+  size_t n = words.size();
+  while (n > 1 && words[n - 1] == 0) --n;
+  if (n == 0) return "0";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%x", words[n - 1]);
+  std::string out = buf;
+  for (size_t i = n - 1; i-- > 0;) {
+    std::snprintf(buf, sizeof buf, ",%08x", words[i]);
+    out += buf;
+  }
+  return out;
+}
 
 Result<ImportResult> graph_from_xml(const XmlElement& root, const std::string& source) {
   Importer imp(source);

@@ -677,5 +677,60 @@ TEST(TopologyDiscover, PciLinkIsMaxOfDeviceCappedByItsPort) {
   EXPECT_EQ(fs.attr("0000:09:00.0", "link_speed"), "(none)");  // no such device
 }
 
+// NCCL writes and reads <cpu affinity> in the kernel's cpumap form
+// ("ffffffff,0000ffff"). Regression: hwloc discovery wrote hwloc's form
+// ("0x00000003"), which NCCL does not read. The importer rewrites that form
+// from older dumps and refuses what is neither.
+TEST(TopologyImport, CpuAffinityIsCpumapForm) {
+  std::vector<uint32_t> w;
+  ASSERT_TRUE(parse_cpu_affinity("ffffffff,0000ffff", w));
+  EXPECT_EQ(w, (std::vector<uint32_t>{0x0000ffff, 0xffffffff}));
+  ASSERT_TRUE(parse_cpu_affinity("0xffffffff,0x0000ffff", w));
+  EXPECT_EQ(w, (std::vector<uint32_t>{0x0000ffff, 0xffffffff}));
+  ASSERT_TRUE(parse_cpu_affinity("0x00000003", w));
+  EXPECT_EQ(cpumap_string(w), "3");
+  EXPECT_EQ(cpumap_string({0, 0xffff}), "ffff,00000000");
+  EXPECT_EQ(cpumap_string({}), "0");
+  for (const char* bad : {"", "zz", "0x", "1,,2", "123456789", "3,"}) EXPECT_FALSE(parse_cpu_affinity(bad, w)) << bad;
+
+  QuietTopo quiet;
+  auto affinity_after_import = [](const std::string& value, size_t* nwarnings) {
+    auto r = graph_from_xml_text("<system><cpu numaid=\"0\" affinity=\"" + value + "\"/></system>", "aff");
+    EXPECT_TRUE(r.is_ok());
+    *nwarnings = r.value().warnings.size();
+    XmlElement el = graph_to_xml(r.value().graph).children.at(0);
+    const std::string* v = el.attr("affinity");
+    return v == nullptr ? std::string("(none)") : *v;
+  };
+  size_t nw = 0;
+  EXPECT_EQ(affinity_after_import("0x00000003", &nw), "3");
+  EXPECT_EQ(nw, 0u);
+  EXPECT_EQ(affinity_after_import("0xffffffff,0x0000ffff", &nw), "ffffffff,0000ffff");
+  EXPECT_EQ(affinity_after_import("00000000,ffffffff", &nw), "00000000,ffffffff");  // as written
+  EXPECT_EQ(nw, 0u);
+  EXPECT_EQ(affinity_after_import("0-3", &nw), "(none)");
+  EXPECT_EQ(nw, 1u);
+}
+
+TEST(TopologyDiscover, CpuAffinityIsWrittenInCpumapForm) {
+  // With the real sysfs and with none (hwloc's cpuset, converted), with and
+  // without hwloc: never hwloc's 0x form, always a mask that parses.
+  for (bool hwloc : {true, false}) {
+    for (const std::string& root : {std::string("/sys"), ::testing::TempDir() + "/loom_no_sysfs_here"}) {
+      DiscoverOptions o;
+      o.use_hwloc = hwloc;
+      o.sysfs_root = root;
+      XmlElement x = discover_host_xml(o);
+      for (const XmlElement& cpu : x.children) {
+        const std::string* a = cpu.attr("affinity");
+        if (a == nullptr) continue;
+        std::vector<uint32_t> w;
+        EXPECT_TRUE(parse_cpu_affinity(*a, w)) << *a;
+        EXPECT_EQ(a->find('x'), std::string::npos) << "hwloc=" << hwloc << " root=" << root << ": " << *a;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::topo
