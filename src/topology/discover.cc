@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "core/log.h"
@@ -301,27 +302,38 @@ class HwlocDiscovery {
     return idx;
   }
 
-  void add_nic_details(PciTmp& t, hwloc_obj_t dev, std::set<std::string>& nets_seen) {
+  // The <nic> of a NIC device: its usable ports. Returns false when the
+  // device has network interfaces but none is usable (all down), so that it
+  // is left out instead of becoming a nameless NIC of PCI speed.
+  bool add_nic_details(PciTmp& t, hwloc_obj_t dev, std::set<std::string>& nets_seen) {
     // Prefer verbs (OpenFabrics) names: that is what the IB transport opens.
     std::vector<XmlElement> ib, eth;
+    bool any_osdev = false;
     for (hwloc_obj_t c = dev->io_first_child; c != nullptr; c = c->next_sibling) {
       if (c->type != HWLOC_OBJ_OS_DEVICE || c->name == nullptr) continue;
       std::string name = c->name;
       if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) {
+        any_osdev = true;
         for (const std::string& port : list_dir(opt_.sysfs_root + "/class/infiniband/" + name + "/ports")) {
           int p = std::atoi(port.c_str());
+          if (!ib_port_active(opt_.sysfs_root, name, p)) continue;
           ib.push_back(net_element(name, ib_port_rate_mbps(opt_.sysfs_root, name, p), net_dev_++, p));
         }
       } else if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) {
+        any_osdev = true;
         nets_seen.insert(name);
-        long speed = std::atol(read_line(opt_.sysfs_root + "/class/net/" + name + "/speed").c_str());
-        eth.push_back(net_element(name, speed > 0 ? speed : 0, net_dev_++, 1));
+        if (auto net = ethernet_net_element(opt_.sysfs_root, name, net_dev_)) {
+          ++net_dev_;
+          eth.push_back(std::move(*net));
+        }
       }
     }
     XmlElement nic;
     nic.name = "nic";
     nic.children = ib.empty() ? std::move(eth) : std::move(ib);
-    if (!nic.children.empty()) t.extra.push_back(std::move(nic));
+    if (nic.children.empty()) return !any_osdev;
+    t.extra.push_back(std::move(nic));
+    return true;
   }
 
   void add_pci(XmlElement& system, std::set<std::string>& nets_seen) {
@@ -331,9 +343,14 @@ class HwlocDiscovery {
       const PciAttr& p = dev->attr->pcidev;
       bool gpu = is_gpu_class(p), nic = is_nic_class(p);
       if (!gpu && !nic) continue;
-      int leaf = tmp_for(dev, false);
       // GPU details (<gpu>, <nvlink>) are added from NVML by add_nvml_gpus.
-      if (!gpu) add_nic_details(tmps_[leaf], dev, nets_seen);
+      PciTmp nic_details;
+      if (!gpu && !add_nic_details(nic_details, dev, nets_seen)) {
+        LOOM_INFO(kLogTopo, "NIC {}: no interface or port of it is up; left out", busid_of(p));
+        continue;
+      }
+      int leaf = tmp_for(dev, false);
+      for (XmlElement& e : nic_details.extra) tmps_[leaf].extra.push_back(std::move(e));
       // Walk up through PCI-to-PCI bridges; host bridges end the chain.
       int child = leaf;
       hwloc_obj_t up = dev->parent;
@@ -426,6 +443,38 @@ long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, in
   return gbps > 0 ? static_cast<long>(gbps * 1000.0) : 0;
 }
 
+bool ib_port_active(const std::string& sysfs_root, const std::string& dev, int port) {
+  // "4: ACTIVE", "1: DOWN", "2: INIT"; unreadable = not known to be unusable.
+  std::string state = read_line(sysfs_root + "/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/state");
+  if (state.empty() || state.find("ACTIVE") != std::string::npos) return true;
+  LOOM_INFO(kLogTopo, "InfiniBand port {}:{} is '{}', not ACTIVE; left out", dev, port, state);
+  return false;
+}
+
+namespace {
+// Speed for an Ethernet interface whose speed the kernel does not know (-1
+// or no file: virtio, veth): NCCL's socket transport assumes 10 Gb/s, so do
+// we, rather than let the PCI link (126 Gb/s for virtio) stand for it.
+constexpr long kUnknownEthernetMbps = 10000;
+long ethernet_speed_mbps(const std::string& sysfs_root, const std::string& name, long known_mbps) {
+  if (known_mbps > 0) return known_mbps;
+  LOOM_INFO(kLogTopo, "NIC {}: the kernel does not know its speed ({}/class/net/{}/speed is '{}'); assuming 10 Gb/s as NCCL does",
+            name, sysfs_root, name, read_line(sysfs_root + "/class/net/" + name + "/speed"));
+  return kUnknownEthernetMbps;
+}
+}  // namespace
+
+std::optional<XmlElement> ethernet_net_element(const std::string& sysfs_root, const std::string& name, int dev) {
+  const std::string base = sysfs_root + "/class/net/" + name;
+  const std::string state = read_line(base + "/operstate");
+  if (state != "up") {
+    LOOM_INFO(kLogTopo, "NIC {}: operstate '{}', not up; left out", name, state);
+    return std::nullopt;
+  }
+  long speed = std::atol(read_line(base + "/speed").c_str());
+  return net_element(name, ethernet_speed_mbps(sysfs_root, name, speed), dev, 1);
+}
+
 XmlElement discover_host_xml(const DiscoverOptions& options) {
   XmlElement system;
   system.name = "system";
@@ -460,7 +509,7 @@ XmlElement discover_host_xml(const DiscoverOptions& options) {
     if (nets_seen.count(ni.name) != 0) continue;
     XmlElement nic;
     nic.name = "nic";
-    nic.children.push_back(net_element(ni.name, ni.speed_mbps, dev++, 1));
+    nic.children.push_back(net_element(ni.name, ethernet_speed_mbps(options.sysfs_root, ni.name, ni.speed_mbps), dev++, 1));
     system.children[0].children.push_back(std::move(nic));
   }
   return system;

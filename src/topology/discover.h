@@ -17,6 +17,7 @@
 // Discovery never fails: with nothing found it returns one <cpu numaid="0">.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, in
 // the device and of its upstream port, the smaller of each. Nothing when the
 // speed is unknown; link_width "0" when only the width is (read as x16).
 void pci_link_attrs(const std::string& sysfs_root, const std::string& busid, AttrList& attrs);
+
+// Whether port `port` of InfiniBand device `dev` is ACTIVE (ports/N/state);
+// true when the state cannot be read.
+bool ib_port_active(const std::string& sysfs_root, const std::string& dev, int port);
+// The <net> discovery writes for Ethernet interface `name`, or nothing when
+// it is not up (as list_net_interfaces). A speed the kernel does not know
+// (-1: virtio, veth) is taken as 10 Gb/s, as NCCL's socket transport does.
+std::optional<XmlElement> ethernet_net_element(const std::string& sysfs_root, const std::string& name, int dev);
 
 // The topology Loom uses: LOOM_TOPO_FILE (else NCCL_TOPO_FILE) when set, else
 // discovery; then written to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE)

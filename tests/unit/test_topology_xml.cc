@@ -732,5 +732,52 @@ TEST(TopologyDiscover, CpuAffinityIsWrittenInCpumapForm) {
   }
 }
 
+// Network interfaces as discovery writes them. Regressions (hwloc path):
+// interfaces that were down became NICs; an Ethernet port of unknown speed
+// (sysfs -1: virtio, veth) was bounded only by its PCI link, 126 Gb/s for
+// virtio, where NCCL's socket transport assumes 10 Gb/s; IB ports that were
+// not ACTIVE were used.
+TEST(TopologyDiscover, NetInterfacesUpAndUnknownSpeedIs10G) {
+  FakeSysfs fs("loom_fake_sysfs_nets");
+  fs.put("class/net/eth0/operstate", "up");
+  fs.put("class/net/eth0/speed", "-1");
+  fs.put("class/net/eth1/operstate", "down");
+  fs.put("class/net/eth1/speed", "100000");
+  fs.put("class/net/eth2/operstate", "up");
+  fs.put("class/net/eth2/speed", "25000");
+  fs.put("class/net/eth3/speed", "25000");  // no operstate
+  auto speed = [&](const std::string& name) {
+    std::optional<XmlElement> net = ethernet_net_element(fs.root, name, 7);
+    if (!net) return std::string("(left out)");
+    EXPECT_EQ(*net->attr("dev"), "7");
+    const std::string* v = net->attr("speed");
+    return v == nullptr ? std::string("(none)") : *v;
+  };
+  EXPECT_EQ(speed("eth0"), "10000");
+  EXPECT_EQ(speed("eth1"), "(left out)");
+  EXPECT_EQ(speed("eth2"), "25000");
+  EXPECT_EQ(speed("eth3"), "(left out)");
+
+  fs.put("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE");
+  fs.put("class/infiniband/mlx5_0/ports/2/state", "1: DOWN");
+  EXPECT_TRUE(ib_port_active(fs.root, "mlx5_0", 1));
+  EXPECT_FALSE(ib_port_active(fs.root, "mlx5_0", 2));
+  EXPECT_TRUE(ib_port_active(fs.root, "mlx5_0", 3));  // state unreadable: not known to be down
+
+  // Without hwloc the interface of unknown speed is a 10 Gb/s NIC too.
+  DiscoverOptions o;
+  o.use_hwloc = false;
+  o.sysfs_root = fs.root;
+  auto r = discover_topology(o);
+  ASSERT_TRUE(r.is_ok());
+  const TopoGraph& g = r.value().graph;
+  ASSERT_EQ(g.count(NodeType::kNic), 2);  // eth0 and eth2
+  for (int n : g.nodes_of(NodeType::kNic)) {
+    const TopoNode& nic = g.nodes[static_cast<size_t>(n)];
+    EXPECT_DOUBLE_EQ(nic.net_bw, nic.name == "eth0" ? 10000.0 / 8000.0 : 25000.0 / 8000.0) << nic.name;
+    EXPECT_TRUE(nic.speed_known) << nic.name;
+  }
+}
+
 }  // namespace
 }  // namespace loom::topo
