@@ -522,16 +522,32 @@ Result<ImportResult> discover_topology(const DiscoverOptions& options) {
 }
 
 Result<ImportResult> load_system_topology() {
-  Result<ImportResult> r = [] () -> Result<ImportResult> {
-    if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
-    return discover_topology();
-  }();
-  if (!r.is_ok()) return r;
-  if (const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE")) {
-    Status st = dump_topology_file(r.value().graph, dump);
-    if (!st.is_ok()) topo_warn("topology dump failed: " + st.to_string());
+  if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
+  return discover_topology();
+}
+
+void dump_system_topology(const TopoGraph& graph, int rank) {
+  const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE");
+  if (dump == nullptr) return;
+  if (rank >= 0) {
+    long want = 0;
+    if (const char* v = env_either("LOOM_TOPO_DUMP_FILE_RANK", "NCCL_TOPO_DUMP_FILE_RANK")) {
+      char* end = nullptr;
+      want = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || want < 0) {
+        topo_warn(std::string("LOOM_TOPO_DUMP_FILE_RANK / NCCL_TOPO_DUMP_FILE_RANK '") + v +
+                  "' is not a rank; rank 0 writes the topology dump");
+        want = 0;
+      }
+    }
+    if (rank != want) return;
   }
-  return r;
+  Status st = dump_topology_file(graph, dump);
+  if (!st.is_ok()) {
+    topo_warn("topology dump failed: " + st.to_string());
+  } else {
+    LOOM_INFO(kLogTopo, "topology written to {}{}", dump, rank >= 0 ? " by rank " + std::to_string(rank) : "");
+  }
 }
 
 }  // namespace loom::topo

@@ -67,8 +67,14 @@ bool ib_port_active(const std::string& sysfs_root, const std::string& dev, int p
 std::optional<XmlElement> ethernet_net_element(const std::string& sysfs_root, const std::string& name, int dev);
 
 // The topology Loom uses: LOOM_TOPO_FILE (else NCCL_TOPO_FILE) when set, else
-// discovery; then written to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE)
-// when set. A file that cannot be read is an error, not a silent fallback.
+// discovery. A file that cannot be read is an error, not a silent fallback.
 Result<ImportResult> load_system_topology();
+
+// Writes `graph` to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE) when set,
+// from one rank only, as NCCL: the rank LOOM_TOPO_DUMP_FILE_RANK (else
+// NCCL_TOPO_DUMP_FILE_RANK) names, default 0. rank < 0 (a tool, not a rank of
+// a job) always writes. The file is written whole under a temporary name and
+// renamed, so readers and concurrent writers never see a mixed file.
+void dump_system_topology(const TopoGraph& graph, int rank);
 
 }  // namespace loom::topo

@@ -1,7 +1,11 @@
 // XML reader/writer and the NCCL-format importer: good files, round trips,
 // and hostile input (errors name the line; warnings skip nodes; no crash).
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "test_topology_util.h"
 #include "topology/discover.h"
@@ -533,9 +537,30 @@ TEST(TopologyImport, DumpFileAndEnvironment) {
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
   setenv("NCCL_TOPO_FILE", "/nonexistent/should/not/be/read.xml", 1);
   setenv("NCCL_TOPO_DUMP_FILE", dump.c_str(), 1);
+  std::remove(dump.c_str());
   auto r = load_system_topology();
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r.value().graph.count(NodeType::kGpu), 8);
+  // One rank writes the dump, as NCCL: rank 0 unless NCCL_TOPO_DUMP_FILE_RANK
+  // (or LOOM_TOPO_DUMP_FILE_RANK) says otherwise; a tool (rank -1) always.
+  auto exists = [&] { return std::ifstream(dump).good(); };
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_FALSE(exists());
+  setenv("NCCL_TOPO_DUMP_FILE_RANK", "1", 1);
+  dump_system_topology(r.value().graph, 0);
+  EXPECT_FALSE(exists());
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_TRUE(exists());
+  std::remove(dump.c_str());
+  setenv("LOOM_TOPO_DUMP_FILE_RANK", "2", 1);  // LOOM_ wins
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_FALSE(exists());
+  dump_system_topology(r.value().graph, 2);
+  EXPECT_TRUE(exists());
+  std::remove(dump.c_str());
+  unsetenv("LOOM_TOPO_DUMP_FILE_RANK");
+  unsetenv("NCCL_TOPO_DUMP_FILE_RANK");
+  dump_system_topology(r.value().graph, -1);
   auto back = load_topology_file(dump);
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(back.value().graph.describe(), r.value().graph.describe());
@@ -777,6 +802,47 @@ TEST(TopologyDiscover, NetInterfacesUpAndUnknownSpeedIs10G) {
     EXPECT_DOUBLE_EQ(nic.net_bw, nic.name == "eth0" ? 10000.0 / 8000.0 : 25000.0 / 8000.0) << nic.name;
     EXPECT_TRUE(nic.speed_known) << nic.name;
   }
+}
+
+// Threads (or processes) dumping to one path at once: each dump replaces
+// the file whole. Regression: fopen("w") + fwrite from every rank could
+// leave one rank's bytes inside another's file.
+TEST(TopologyImport, ConcurrentDumpsNeverMix) {
+  auto a = load_topology_file(shared_topology("azure-ndv2.xml"));
+  auto b = load_topology_file(shared_topology("azure-ndv4.xml"));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  const std::string dir = ::testing::TempDir() + "/loom_concurrent_dumps";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  const std::string path = dir + "/topo.xml";
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        if (!dump_topology_file((t % 2 ? a : b).value().graph, path).is_ok()) ++failures;
+      }
+    });
+  }
+  // Meanwhile every read sees one whole file.
+  int reads = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (!std::ifstream(path).good()) continue;
+    auto back = load_topology_file(path);
+    EXPECT_TRUE(back.is_ok()) << back.status().to_string();
+    if (!back.is_ok()) break;  // (the writers are joined below)
+    std::string d = back.value().graph.describe();
+    EXPECT_TRUE(d == a.value().graph.describe() || d == b.value().graph.describe());
+    ++reads;
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto last = load_topology_file(path);
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  // No temporary file is left behind.
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"topo.xml"});
+  (void)reads;
 }
 
 }  // namespace
