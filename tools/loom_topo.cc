@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   TopoGraph& g = loaded.value().graph;
+  if (a.topo_file.empty()) dump_system_topology(g, -1);  // LOOM_TOPO_DUMP_FILE, as before
   if (!a.dump_file.empty()) {
     Status st = dump_topology_file(g, a.dump_file);
     if (!st.is_ok()) {

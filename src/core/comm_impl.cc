@@ -88,6 +88,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   LOOM_ASSIGN_OR_RETURN(c->transport_, HybridTransport::create(*c->boot_, mode, params::shm_fifo_bytes(), deadline,
                                                                init_abort));
   LOOM_ASSIGN_OR_RETURN(topo::ImportResult topology, system_topology());
+  // LOOM_TOPO_DUMP_FILE: one rank writes it (LOOM_TOPO_DUMP_FILE_RANK, default 0), as NCCL.
+  topo::dump_system_topology(topology.graph, rank);
   LOOM_RETURN_IF_ERROR(c->agree_topology(&topology.graph, deadline));
   // The tuner's model needs to know how many hosts there are: ranks per host
   // from the bootstrap's host hashes, always (its default is one rank per

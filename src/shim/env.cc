@@ -59,6 +59,7 @@ const Mapping kMappings[] = {
     {"NCCL_SOCKET_IFNAME", "LOOM_SOCKET_IFNAME", same},
     {"NCCL_TOPO_FILE", "LOOM_TOPO_FILE", same},
     {"NCCL_TOPO_DUMP_FILE", "LOOM_TOPO_DUMP_FILE", same},
+    {"NCCL_TOPO_DUMP_FILE_RANK", "LOOM_TOPO_DUMP_FILE_RANK", same},
 };
 
 // Read by the shim itself rather than mapped.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "core/log.h"
@@ -140,6 +141,7 @@ void add_nvml_gpus(XmlElement& system, const DiscoverOptions& opt) {
       el.set_attr("vendor", id);
       std::snprintf(id, sizeof id, "0x%04x", g.pci_device_id >> 16);
       el.set_attr("device", id);
+      pci_link_attrs(opt.sysfs_root, g.busid, el.attrs);
       system.children[0].children.push_back(std::move(el));
       pci = &system.children[0].children.back();
     }
@@ -150,6 +152,46 @@ void add_nvml_gpus(XmlElement& system, const DiscoverOptions& opt) {
               g.links.size(), added ? " (not in hwloc's PCI tree: placed under the first CPU)" : "");
   }
 }
+
+// GT/s at the start of a sysfs link speed ("16.0 GT/s PCIe", "8 GT/s"); 0
+// when unknown ("Unknown", "Unknown speed" on older kernels, missing file).
+double link_gts(const std::string& speed) {
+  char* end = nullptr;
+  double v = std::strtod(speed.c_str(), &end);
+  return end != speed.c_str() && v > 0 ? v : 0;
+}
+
+}  // namespace
+
+void pci_link_attrs(const std::string& sysfs_root, const std::string& busid, AttrList& attrs) {
+  // bus/pci/devices/X links to the device's directory, whose parent is its
+  // upstream port (or the root complex, which has no link files).
+  const std::string dev = sysfs_root + "/bus/pci/devices/" + busid + "/";
+  const std::string port = dev + "../";
+  // The link's capability, not its state: a GPU idles at 2.5 GT/s, so
+  // current_* would make the model depend on the power state at init.
+  auto read = [](const std::string& dir, const char* what) {
+    std::string v = read_line(dir + "max_" + what);
+    return v.empty() ? read_line(dir + "current_" + what) : v;
+  };
+  std::string speed = read(dev, "link_speed");
+  std::string port_speed = read(port, "link_speed");
+  double gts = link_gts(speed), port_gts = link_gts(port_speed);
+  if (port_gts > 0 && (gts <= 0 || port_gts < gts)) {
+    speed = port_speed;
+    gts = port_gts;
+  }
+  if (gts <= 0) return;  // unknown speed: the importer's default
+  long width = std::atol(read(dev, "link_width").c_str());
+  long port_width = std::atol(read(port, "link_width").c_str());
+  if (port_width > 0 && (width <= 0 || port_width < width)) width = port_width;
+  // Kept as sysfs writes it ("16.0 GT/s PCIe"), as NCCL does. Width 0 = not
+  // known, read as x16 (NCCL's convention).
+  attrs.emplace_back("link_speed", speed);
+  attrs.emplace_back("link_width", std::to_string(width > 0 ? width : 0));
+}
+
+namespace {
 
 #ifdef LOOM_HAVE_HWLOC
 
@@ -205,10 +247,20 @@ class HwlocDiscovery {
       XmlElement cpu;
       cpu.name = "cpu";
       cpu.set_attr("numaid", std::to_string(numa->os_index));
-      char buf[1024];
-      if (numa->cpuset != nullptr && hwloc_bitmap_snprintf(buf, sizeof buf, numa->cpuset) > 0) {
-        cpu.set_attr("affinity", buf);
+      // NCCL's form, the kernel's cpumap ("ffffffff,0000ffff"); hwloc's own
+      // ("0xffffffff,0x0000ffff") only when sysfs has no such file.
+      std::string cpus =
+          read_line(opt_.sysfs_root + "/devices/system/node/node" + std::to_string(numa->os_index) + "/cpumap");
+      if (cpus.empty() && numa->cpuset != nullptr && hwloc_bitmap_last(numa->cpuset) >= 0) {
+        constexpr int kUlongBits = static_cast<int>(sizeof(unsigned long) * 8);
+        std::vector<uint32_t> words;
+        for (int i = 0; i <= hwloc_bitmap_last(numa->cpuset) / kUlongBits; ++i) {
+          uint64_t w = hwloc_bitmap_to_ith_ulong(numa->cpuset, static_cast<unsigned>(i));
+          for (int b = 0; b < kUlongBits; b += 32) words.push_back(static_cast<uint32_t>(w >> b));
+        }
+        cpus = cpumap_string(words);
       }
+      if (!cpus.empty()) cpu.set_attr("affinity", cpus);
       cpu.set_attr("arch", machine_arch());
       if (!vendor.empty()) cpu.set_attr("vendor", vendor);
       if (!family.empty()) cpu.set_attr("familyid", family);
@@ -228,19 +280,6 @@ class HwlocDiscovery {
     return 0;
   }
 
-  void set_link_attrs(AttrList& attrs, const std::string& busid) {
-    std::string base = opt_.sysfs_root + "/bus/pci/devices/" + busid + "/";
-    std::string speed = read_line(base + "current_link_speed");
-    std::string width = read_line(base + "current_link_width");
-    if (!speed.empty() && !width.empty() && speed != "Unknown") {
-      // "16.0 GT/s PCIe" -> "16.0 GT/s", the form NCCL writes.
-      size_t cut = speed.find(" PCIe");
-      if (cut != std::string::npos) speed.resize(cut);
-      attrs.emplace_back("link_speed", speed);
-      attrs.emplace_back("link_width", width);
-    }
-  }
-
   int tmp_for(hwloc_obj_t obj, bool bridge) {
     auto it = tmp_index_.find(obj);
     if (it != tmp_index_.end()) return it->second;
@@ -256,34 +295,45 @@ class HwlocDiscovery {
     t.attrs.emplace_back("vendor", id);
     std::snprintf(id, sizeof id, "0x%04x", static_cast<unsigned>(p.device_id));
     t.attrs.emplace_back("device", id);
-    set_link_attrs(t.attrs, busid);
+    pci_link_attrs(opt_.sysfs_root, busid, t.attrs);
     tmps_.push_back(std::move(t));
     int idx = static_cast<int>(tmps_.size() - 1);
     tmp_index_[obj] = idx;
     return idx;
   }
 
-  void add_nic_details(PciTmp& t, hwloc_obj_t dev, std::set<std::string>& nets_seen) {
+  // The <nic> of a NIC device: its usable ports. Returns false when the
+  // device has network interfaces but none is usable (all down), so that it
+  // is left out instead of becoming a nameless NIC of PCI speed.
+  bool add_nic_details(PciTmp& t, hwloc_obj_t dev, std::set<std::string>& nets_seen) {
     // Prefer verbs (OpenFabrics) names: that is what the IB transport opens.
     std::vector<XmlElement> ib, eth;
+    bool any_osdev = false;
     for (hwloc_obj_t c = dev->io_first_child; c != nullptr; c = c->next_sibling) {
       if (c->type != HWLOC_OBJ_OS_DEVICE || c->name == nullptr) continue;
       std::string name = c->name;
       if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) {
+        any_osdev = true;
         for (const std::string& port : list_dir(opt_.sysfs_root + "/class/infiniband/" + name + "/ports")) {
           int p = std::atoi(port.c_str());
+          if (!ib_port_active(opt_.sysfs_root, name, p)) continue;
           ib.push_back(net_element(name, ib_port_rate_mbps(opt_.sysfs_root, name, p), net_dev_++, p));
         }
       } else if (c->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) {
+        any_osdev = true;
         nets_seen.insert(name);
-        long speed = std::atol(read_line(opt_.sysfs_root + "/class/net/" + name + "/speed").c_str());
-        eth.push_back(net_element(name, speed > 0 ? speed : 0, net_dev_++, 1));
+        if (auto net = ethernet_net_element(opt_.sysfs_root, name, net_dev_)) {
+          ++net_dev_;
+          eth.push_back(std::move(*net));
+        }
       }
     }
     XmlElement nic;
     nic.name = "nic";
     nic.children = ib.empty() ? std::move(eth) : std::move(ib);
-    if (!nic.children.empty()) t.extra.push_back(std::move(nic));
+    if (nic.children.empty()) return !any_osdev;
+    t.extra.push_back(std::move(nic));
+    return true;
   }
 
   void add_pci(XmlElement& system, std::set<std::string>& nets_seen) {
@@ -293,9 +343,14 @@ class HwlocDiscovery {
       const PciAttr& p = dev->attr->pcidev;
       bool gpu = is_gpu_class(p), nic = is_nic_class(p);
       if (!gpu && !nic) continue;
-      int leaf = tmp_for(dev, false);
       // GPU details (<gpu>, <nvlink>) are added from NVML by add_nvml_gpus.
-      if (!gpu) add_nic_details(tmps_[leaf], dev, nets_seen);
+      PciTmp nic_details;
+      if (!gpu && !add_nic_details(nic_details, dev, nets_seen)) {
+        LOOM_INFO(kLogTopo, "NIC {}: no interface or port of it is up; left out", busid_of(p));
+        continue;
+      }
+      int leaf = tmp_for(dev, false);
+      for (XmlElement& e : nic_details.extra) tmps_[leaf].extra.push_back(std::move(e));
       // Walk up through PCI-to-PCI bridges; host bridges end the chain.
       int child = leaf;
       hwloc_obj_t up = dev->parent;
@@ -388,6 +443,38 @@ long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, in
   return gbps > 0 ? static_cast<long>(gbps * 1000.0) : 0;
 }
 
+bool ib_port_active(const std::string& sysfs_root, const std::string& dev, int port) {
+  // "4: ACTIVE", "1: DOWN", "2: INIT"; unreadable = not known to be unusable.
+  std::string state = read_line(sysfs_root + "/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/state");
+  if (state.empty() || state.find("ACTIVE") != std::string::npos) return true;
+  LOOM_INFO(kLogTopo, "InfiniBand port {}:{} is '{}', not ACTIVE; left out", dev, port, state);
+  return false;
+}
+
+namespace {
+// Speed for an Ethernet interface whose speed the kernel does not know (-1
+// or no file: virtio, veth): NCCL's socket transport assumes 10 Gb/s, so do
+// we, rather than let the PCI link (126 Gb/s for virtio) stand for it.
+constexpr long kUnknownEthernetMbps = 10000;
+long ethernet_speed_mbps(const std::string& sysfs_root, const std::string& name, long known_mbps) {
+  if (known_mbps > 0) return known_mbps;
+  LOOM_INFO(kLogTopo, "NIC {}: the kernel does not know its speed ({}/class/net/{}/speed is '{}'); assuming 10 Gb/s as NCCL does",
+            name, sysfs_root, name, read_line(sysfs_root + "/class/net/" + name + "/speed"));
+  return kUnknownEthernetMbps;
+}
+}  // namespace
+
+std::optional<XmlElement> ethernet_net_element(const std::string& sysfs_root, const std::string& name, int dev) {
+  const std::string base = sysfs_root + "/class/net/" + name;
+  const std::string state = read_line(base + "/operstate");
+  if (state != "up") {
+    LOOM_INFO(kLogTopo, "NIC {}: operstate '{}', not up; left out", name, state);
+    return std::nullopt;
+  }
+  long speed = std::atol(read_line(base + "/speed").c_str());
+  return net_element(name, ethernet_speed_mbps(sysfs_root, name, speed), dev, 1);
+}
+
 XmlElement discover_host_xml(const DiscoverOptions& options) {
   XmlElement system;
   system.name = "system";
@@ -422,7 +509,7 @@ XmlElement discover_host_xml(const DiscoverOptions& options) {
     if (nets_seen.count(ni.name) != 0) continue;
     XmlElement nic;
     nic.name = "nic";
-    nic.children.push_back(net_element(ni.name, ni.speed_mbps, dev++, 1));
+    nic.children.push_back(net_element(ni.name, ethernet_speed_mbps(options.sysfs_root, ni.name, ni.speed_mbps), dev++, 1));
     system.children[0].children.push_back(std::move(nic));
   }
   return system;
@@ -435,16 +522,32 @@ Result<ImportResult> discover_topology(const DiscoverOptions& options) {
 }
 
 Result<ImportResult> load_system_topology() {
-  Result<ImportResult> r = [] () -> Result<ImportResult> {
-    if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
-    return discover_topology();
-  }();
-  if (!r.is_ok()) return r;
-  if (const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE")) {
-    Status st = dump_topology_file(r.value().graph, dump);
-    if (!st.is_ok()) topo_warn("topology dump failed: " + st.to_string());
+  if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
+  return discover_topology();
+}
+
+void dump_system_topology(const TopoGraph& graph, int rank) {
+  const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE");
+  if (dump == nullptr) return;
+  if (rank >= 0) {
+    long want = 0;
+    if (const char* v = env_either("LOOM_TOPO_DUMP_FILE_RANK", "NCCL_TOPO_DUMP_FILE_RANK")) {
+      char* end = nullptr;
+      want = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || want < 0) {
+        topo_warn(std::string("LOOM_TOPO_DUMP_FILE_RANK / NCCL_TOPO_DUMP_FILE_RANK '") + v +
+                  "' is not a rank; rank 0 writes the topology dump");
+        want = 0;
+      }
+    }
+    if (rank != want) return;
   }
-  return r;
+  Status st = dump_topology_file(graph, dump);
+  if (!st.is_ok()) {
+    topo_warn("topology dump failed: " + st.to_string());
+  } else {
+    LOOM_INFO(kLogTopo, "topology written to {}{}", dump, rank >= 0 ? " by rank " + std::to_string(rank) : "");
+  }
 }
 
 }  // namespace loom::topo

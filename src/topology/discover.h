@@ -6,7 +6,8 @@
 //   - hwloc (when built with it): NUMA nodes, CPU vendor/model, the PCI tree
 //     (bridges, GPUs = class 0x0302 or NVIDIA 0x0300, NICs = class 0x02xx) and
 //     the OS names of network / InfiniBand devices;
-//   - sysfs: PCIe link speed/width, Ethernet speed (/sys/class/net/X/speed),
+//   - sysfs: PCIe link speed/width (max_link_*, see pci_link_attrs),
+//     Ethernet speed (/sys/class/net/X/speed),
 //     InfiniBand port rate (/sys/class/infiniband/X/ports/N/rate), and virtual
 //     interfaces that are up but not on a PCI bus (containers, VMs).
 //   - NVML and the CUDA runtime (src/cuda, loaded at run time when present):
@@ -16,6 +17,7 @@
 // Discovery never fails: with nothing found it returns one <cpu numaid="0">.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,9 +52,29 @@ std::vector<NetInterface> list_net_interfaces(const std::string& sysfs_root);
 // InfiniBand port rate in Mb/s from "<root>/class/infiniband/<dev>/ports/<p>/rate"; 0 if unknown.
 long ib_port_rate_mbps(const std::string& sysfs_root, const std::string& dev, int port);
 
+// Appends link_speed/link_width of PCI device `busid` as NCCL reads them:
+// max_link_speed/max_link_width (current_* only where max_* is missing) of
+// the device and of its upstream port, the smaller of each. Nothing when the
+// speed is unknown; link_width "0" when only the width is (read as x16).
+void pci_link_attrs(const std::string& sysfs_root, const std::string& busid, AttrList& attrs);
+
+// Whether port `port` of InfiniBand device `dev` is ACTIVE (ports/N/state);
+// true when the state cannot be read.
+bool ib_port_active(const std::string& sysfs_root, const std::string& dev, int port);
+// The <net> discovery writes for Ethernet interface `name`, or nothing when
+// it is not up (as list_net_interfaces). A speed the kernel does not know
+// (-1: virtio, veth) is taken as 10 Gb/s, as NCCL's socket transport does.
+std::optional<XmlElement> ethernet_net_element(const std::string& sysfs_root, const std::string& name, int dev);
+
 // The topology Loom uses: LOOM_TOPO_FILE (else NCCL_TOPO_FILE) when set, else
-// discovery; then written to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE)
-// when set. A file that cannot be read is an error, not a silent fallback.
+// discovery. A file that cannot be read is an error, not a silent fallback.
 Result<ImportResult> load_system_topology();
+
+// Writes `graph` to LOOM_TOPO_DUMP_FILE (else NCCL_TOPO_DUMP_FILE) when set,
+// from one rank only, as NCCL: the rank LOOM_TOPO_DUMP_FILE_RANK (else
+// NCCL_TOPO_DUMP_FILE_RANK) names, default 0. rank < 0 (a tool, not a rank of
+// a job) always writes. The file is written whole under a temporary name and
+// renamed, so readers and concurrent writers never see a mixed file.
+void dump_system_topology(const TopoGraph& graph, int rank);
 
 }  // namespace loom::topo

@@ -102,7 +102,7 @@ std::string TopoGraph::describe() const {
 }
 
 void TopoGraph::add_link(int a, int b, LinkType type, double bw, double latency_us, int count) {
-  links.push_back(TopoLink{a, b, type, bw, latency_us, count});
+  links.push_back(TopoLink{a, b, type, bw, latency_us, count, {}});
 }
 
 double pcie_bw(std::string_view link_speed, int width) {
@@ -153,7 +153,12 @@ bool normalize_busid(std::string_view in, std::string& out) {
   std::string rest = s;
   if (s.find(':', first + 1) != std::string::npos) {
     if (first == 0 || first > 8 || !hex_run(0, first)) return false;
-    domain = s.substr(0, first);
+    // Bus ids compare by value (as NCCL's do): NVML writes 8-digit domains
+    // ("00000000:2a:00.0"), sysfs 4 ("0000:2a:00.0"). Leading zeros go, then
+    // the domain is padded back to 4 digits.
+    size_t nz = 0;
+    while (nz + 1 < first && s[nz] == '0') ++nz;
+    domain = s.substr(nz, first - nz);
     if (domain.size() < 4) domain.insert(0, 4 - domain.size(), '0');
     rest = s.substr(first + 1);
   }

@@ -53,6 +53,7 @@ struct TopoLink {
   double bw = 0;          // GB/s, per direction
   double latency_us = 0;
   int count = 1;          // NVLink lanes aggregated in this link
+  std::string target;     // NVLink to a CPU: the far end's bus id as read (for export)
 };
 
 struct TopoGraph {
@@ -81,7 +82,8 @@ double nvlink_lane_bw(int sm);
 // Bandwidth between two CPU sockets (SMP interconnect) for a CPU model.
 double smp_bw(std::string_view vendor, int family, int model);
 
-// Normalizes "0000:3B:00.0" or "3b:00.0" to "0000:3b:00.0"; false if malformed.
+// Normalizes "0000:3B:00.0", "00000000:3b:00.0" or "3b:00.0" to
+// "0000:3b:00.0" (domain by value, at least 4 digits); false if malformed.
 bool normalize_busid(std::string_view in, std::string& out);
 
 }  // namespace loom::topo

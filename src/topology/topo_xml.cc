@@ -1,8 +1,10 @@
 #include "topology/topo_xml.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -14,12 +16,21 @@ namespace {
 
 constexpr int kClassBridge = 0x0604;
 constexpr int kClass3d = 0x0302;
-constexpr int kClassVga = 0x0300;
 constexpr int kClassIb = 0x0207;
-constexpr int kTclassNvSwitch = 0x0680;
-constexpr int kTclassCpu = 0x0604;
 constexpr int kMaxNvLinks = 64;
 constexpr double kDefaultPciBw = 15.75;  // PCIe gen3 x16, used when the link is not described
+
+// The far end of an NVLink as NCCL's dumps give it when it is not visible
+// (inside a VM).
+constexpr const char* kVmNvLinkSentinel = "fffffff:ffff:ff";
+
+bool is_vm_nvlink_sentinel(const std::string& s) {
+  if (s.size() != 15) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(s[i])) != kVmNvLinkSentinel[i]) return false;
+  }
+  return true;
+}
 
 bool parse_long(const std::string& s, long lo, long hi, long& out, int base = 10) {
   if (s.empty() || s.size() > 24) return false;
@@ -42,21 +53,44 @@ bool parse_real(const std::string& s, double lo, double hi, double& out) {
   return true;
 }
 
-// "0x030200" (24-bit class+prog-if) or "0x0302" -> 0x0302; -1 if malformed.
+// "0x030200" (class, subclass, prog-if) or "0x0302" (no prog-if) -> the
+// 24-bit value (0x030200 for both); -1 unless "0x" and 4 or 6 hex digits.
+long parse_class24(const std::string& s) {
+  if (s.size() != 6 && s.size() != 8) return -1;
+  if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
+  for (size_t i = 2; i < s.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(s[i]))) return -1;
+  }
+  long v = std::strtol(s.c_str() + 2, nullptr, 16);
+  return s.size() == 6 ? v << 8 : v;
+}
+
+// What the far end of an <nvlink> is, from its tclass, as NCCL decides it:
+// 0x068001 is a POWER9 CPU's NVLink port, any display class (0x03xxxx) a GPU,
+// and everything else (0x068000 and, e.g., bridges) an NVSwitch.
+enum class NvLinkPeer { kGpu, kNvSwitch, kCpu };
+NvLinkPeer nvlink_peer_of(long tclass24) {
+  if (tclass24 == 0x068001) return NvLinkPeer::kCpu;
+  if ((tclass24 >> 16) == 0x03) return NvLinkPeer::kGpu;
+  return NvLinkPeer::kNvSwitch;
+}
+
+// "0x030200" (24-bit class+prog-if) or "0x0302" -> 0x0302; -1 if malformed
+// (strtol alone read "0x0x0302" as 0x302 and so as class 0x0003).
 int parse_pci_class(const std::string& s) {
-  long v = 0;
-  if (s.size() < 3 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
-  if (!parse_long(s.substr(2), 0, 0xFFFFFF, v, 16)) return -1;
-  return static_cast<int>(s.size() > 6 ? (v >> 8) : v);
+  long v = parse_class24(s);
+  return v < 0 ? -1 : static_cast<int>(v >> 8);
 }
 
 struct PendingNvLink {
   int gpu;
   std::string target;
   int count;
-  int tclass;
+  NvLinkPeer peer;
   int line;
 };
+
+bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
 
 class Importer {
  public:
@@ -133,6 +167,7 @@ class Importer {
     cpu.type = NodeType::kCpu;
     cpu.numa_id = static_cast<int>(numa);
     cpu.attrs = el.attrs;
+    normalize_affinity(el, cpu.attrs);
     if (const std::string* a = el.attr("arch")) cpu.arch = *a;
     if (const std::string* a = el.attr("vendor")) cpu.vendor = *a;
     long x = 0;
@@ -149,6 +184,24 @@ class Importer {
     import_cpu_children(el, id);
   }
 
+  // Keeps <cpu affinity> in the cpumap form NCCL reads: hwloc's "0x..." form
+  // (written by older Loom) is rewritten, anything else dropped with a warning.
+  void normalize_affinity(const XmlElement& el, AttrList& attrs) {
+    for (auto it = attrs.begin(); it != attrs.end(); ++it) {
+      if (it->first != "affinity") continue;
+      std::vector<uint32_t> words;
+      if (!parse_cpu_affinity(it->second, words)) {
+        warn(el, "<cpu> affinity '" + it->second + "' is not a CPU mask (e.g. \"ffffffff,0000ffff\"); ignored");
+        attrs.erase(it);
+        return;
+      }
+      if (it->second.find('x') != std::string::npos || it->second.find('X') != std::string::npos) {
+        it->second = cpumap_string(words);
+      }
+      return;
+    }
+  }
+
   void import_cpu_children(const XmlElement& el, int id) {
     for (const XmlElement& c : el.children) {
       if (c.name == "pci") import_pci(c, id);
@@ -161,12 +214,16 @@ class Importer {
   double pci_link_bw(const XmlElement& el) {
     const std::string* sp = el.attr("link_speed");
     const std::string* wd = el.attr("link_width");
-    if (sp == nullptr || wd == nullptr || *sp == "Unknown" || sp->empty()) return kDefaultPciBw;
+    // sysfs says "Unknown" (older kernels "Unknown speed") when it cannot tell.
+    if (sp == nullptr || wd == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return kDefaultPciBw;
     long width = 0;
-    if (!parse_long(*wd, 1, 32, width)) {
+    if (!parse_long(*wd, 0, 32, width)) {
       warn(el, "<pci> link_width '" + *wd + "' invalid; assuming PCIe gen3 x16");
       return kDefaultPciBw;
     }
+    // NCCL writes link_width="0" when the upstream port has no max_link_width
+    // (a device on a root port) and reads it as x16 at the given speed.
+    if (width == 0) width = 16;
     double bw = pcie_bw(*sp, static_cast<int>(width));
     if (bw <= 0) {
       warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x16");
@@ -189,7 +246,7 @@ class Importer {
     int cls = -1;
     if (const std::string* c = el.attr("class")) {
       cls = parse_pci_class(*c);
-      if (cls < 0) warn(el, "<pci> class '" + *c + "' malformed");
+      if (cls < 0) warn(el, "<pci> class '" + *c + "' malformed (expected 0x and 6 hex digits, e.g. 0x030200); ignored");
     }
     bool has_pci_children = std::any_of(el.children.begin(), el.children.end(),
                                         [](const XmlElement& c) { return c.name == "pci" || c.name == "nic"; });
@@ -200,7 +257,11 @@ class Importer {
     n.busid = busid;
     n.attrs = el.attrs;
     double bw = pci_link_bw(el);
-    if (cls == kClass3d || (cls == kClassVga && has_gpu_child) || (cls < 0 && has_gpu_child)) {
+    // NCCL makes a GPU of any display class (0x03xx) with a <gpu> child:
+    // 0x0300 VGA, 0x0302 3D, and 0x0380 "other display controller", which some
+    // GPUs report. A 0x0302 without <gpu> is still one (hand-written files).
+    const bool display = cls >= 0 && (cls >> 8) == 0x03;
+    if (cls == kClass3d || (display && has_gpu_child) || (cls < 0 && has_gpu_child)) {
       n.type = NodeType::kGpu;
       int id = add_node(std::move(n));
       g_.add_link(id, parent, LinkType::kPci, bw);
@@ -278,23 +339,35 @@ class Importer {
       const std::string* count = c.attr("count");
       std::string tb;
       long cnt = 0;
-      if (target == nullptr || !normalize_busid(*target, tb)) {
-        warn(c, "<nvlink> without a valid target skipped");
-        continue;
-      }
       if (count == nullptr || !parse_long(*count, 1, kMaxNvLinks, cnt)) {
         warn(c, "<nvlink> count missing or outside 1.." + std::to_string(kMaxNvLinks) + "; skipped");
         continue;
       }
-      int tclass = kClass3d;
+      NvLinkPeer peer = NvLinkPeer::kGpu;  // no tclass: a GPU, as in hand-written files
       if (const std::string* t = c.attr("tclass")) {
-        tclass = parse_pci_class(*t);
+        long tclass = parse_class24(*t);
         if (tclass < 0) {
-          warn(c, "<nvlink> tclass '" + *t + "' malformed; skipped");
+          warn(c, "<nvlink> tclass '" + *t + "' malformed (expected 0x and 6 hex digits, e.g. 0x068000); skipped");
+          continue;
+        }
+        peer = nvlink_peer_of(tclass);
+      }
+      if (target == nullptr) {
+        warn(c, "<nvlink> without a target skipped");
+        continue;
+      }
+      if (!normalize_busid(*target, tb)) {
+        // Inside a VM NVML cannot see the far end of an NVLink and NCCL
+        // writes this sentinel with tclass 0x068000 (an NVSwitch is assumed).
+        // Only a GPU target needs a real bus id.
+        if (peer != NvLinkPeer::kGpu && is_vm_nvlink_sentinel(*target)) {
+          tb = kVmNvLinkSentinel;
+        } else {
+          warn(c, "<nvlink> target '" + *target + "' is not a PCI bus id; skipped");
           continue;
         }
       }
-      nvlinks_.push_back({gpu, tb, static_cast<int>(cnt), tclass, c.line});
+      nvlinks_.push_back({gpu, tb, static_cast<int>(cnt), peer, c.line});
     }
   }
 
@@ -369,39 +442,52 @@ class Importer {
   void resolve_nvlinks() {
     int nvs = -1;
     std::set<std::pair<int, int>> seen;
-    std::set<std::pair<int, std::string>> switch_targets;  // (gpu, switch busid) already linked
+    // (gpu, far-end bus id) of the NVSwitch and CPU links already read.
+    std::set<std::pair<int, std::string>> fold_targets;
+    // Adds lanes to the GPU's one link to `to` (NCCL aggregates them too).
+    auto add_lanes = [&](const PendingNvLink& p, int to, double lane) {
+      if (!seen.insert({p.gpu, to}).second) {
+        for (TopoLink& l : g_.links)
+          if (l.type == LinkType::kNvLink && ((l.a == p.gpu && l.b == to) || (l.a == to && l.b == p.gpu))) {
+            l.bw += lane * p.count;
+            l.count += p.count;
+          }
+        return;
+      }
+      g_.add_link(p.gpu, to, LinkType::kNvLink, lane * p.count, 0, p.count);
+      g_.links.back().target = p.target;
+    };
     for (const PendingNvLink& p : nvlinks_) {
       XmlElement where;
       where.line = p.line;
       double lane = nvlink_lane_bw(g_.nodes[p.gpu].sm);
-      if (p.tclass == kTclassNvSwitch) {
-        // NCCL folds all NVSwitches of a host into one node; so do we.
-        if (nvs < 0) {
-          TopoNode s;
-          s.type = NodeType::kNvSwitch;
-          s.busid = p.target;
-          s.name = "NVS";
-          nvs = add_node(std::move(s));
-        }
-        // NCCL's dumps list one <nvlink> per physical switch: their lanes add
-        // up on the one folded link. The same switch listed twice is an error.
-        if (!switch_targets.insert({p.gpu, p.target}).second) {
-          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to NVSwitch " + p.target + " ignored");
+      if (p.peer != NvLinkPeer::kGpu) {
+        const bool to_cpu = p.peer == NvLinkPeer::kCpu;
+        // NCCL's dumps list one <nvlink> per far-end device (each NVSwitch,
+        // each of a POWER9 CPU's NVLink ports): their lanes add up on the one
+        // link. The same device listed twice is an error.
+        if (!fold_targets.insert({p.gpu, p.target}).second) {
+          warn(where, "second <nvlink> from " + g_.nodes[p.gpu].busid + " to " + (to_cpu ? "CPU port " : "NVSwitch ") +
+                          p.target + " ignored");
           continue;
         }
-        if (!seen.insert({p.gpu, nvs}).second) {
-          for (TopoLink& l : g_.links)
-            if (l.type == LinkType::kNvLink && ((l.a == p.gpu && l.b == nvs) || (l.a == nvs && l.b == p.gpu))) {
-              l.bw += lane * p.count;
-              l.count += p.count;
-            }
-          continue;
+        int to = -1;
+        if (to_cpu) {
+          // tclass 0x068001: NVLink between the GPU and its own CPU (POWER9).
+          to = g_.root_cpu(p.gpu);
+          if (to < 0) continue;  // cannot happen: every GPU hangs under a CPU
+        } else {
+          // NCCL folds all NVSwitches of a host into one node; so do we.
+          if (nvs < 0) {
+            TopoNode s;
+            s.type = NodeType::kNvSwitch;
+            s.busid = p.target;
+            s.name = "NVS";
+            nvs = add_node(std::move(s));
+          }
+          to = nvs;
         }
-        g_.add_link(p.gpu, nvs, LinkType::kNvLink, lane * p.count, 0, p.count);
-        continue;
-      }
-      if (p.tclass == kTclassCpu) {
-        warn(where, "<nvlink> to a CPU is not modelled; skipped");
+        add_lanes(p, to, lane);
         continue;
       }
       int peer = g_.find_busid(p.target, NodeType::kGpu);
@@ -562,9 +648,13 @@ class Exporter {
       const TopoNode& peer = g_.nodes[l.a == id ? l.b : l.a];
       XmlElement nv;
       nv.name = "nvlink";
-      nv.attrs = {{"target", peer.busid},
+      const char* tclass = peer.type == NodeType::kNvSwitch ? "0x068000"
+                           : peer.type == NodeType::kCpu    ? "0x068001"
+                                                            : "0x030200";
+      // A CPU has no bus id: its link keeps the NVLink port's from the file.
+      nv.attrs = {{"target", peer.type == NodeType::kCpu ? l.target : peer.busid},
                   {"count", std::to_string(l.count)},
-                  {"tclass", peer.type == NodeType::kNvSwitch ? "0x068000" : "0x030200"}};
+                  {"tclass", tclass}};
       gpu.children.push_back(std::move(nv));
     }
     // Link order in the graph depends on which end listed a link first; sort
@@ -582,6 +672,48 @@ class Exporter {
 };
 
 }  // namespace
+
+bool parse_cpu_affinity(const std::string& s, std::vector<uint32_t>& words) {
+  words.clear();
+  if (s.empty() || s.size() > 4096) return false;
+  // Comma-separated groups, most significant first; each "0x" + hex (hwloc)
+  // or 1-8 hex digits (cpumap). hwloc's single group may be longer than 8
+  // digits ("0x00000003ffffffff" from its taskset form); split it in words.
+  size_t pos = 0;
+  std::vector<uint32_t> msb_first;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string g = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (g.size() > 2 && g[0] == '0' && (g[1] == 'x' || g[1] == 'X')) g = g.substr(2);
+    else if (g.size() > 8) return false;
+    if (g.empty() || !std::all_of(g.begin(), g.end(), is_hex)) return false;
+    std::vector<uint32_t> part;
+    for (size_t end = g.size(); end > 0;) {
+      size_t begin = end > 8 ? end - 8 : 0;
+      part.insert(part.begin(), static_cast<uint32_t>(std::strtoul(g.substr(begin, end - begin).c_str(), nullptr, 16)));
+      end = begin;
+    }
+    msb_first.insert(msb_first.end(), part.begin(), part.end());
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  words.assign(msb_first.rbegin(), msb_first.rend());
+  return true;
+}
+
+std::string cpumap_string(const std::vector<uint32_t>& words) {
+  size_t n = words.size();
+  while (n > 1 && words[n - 1] == 0) --n;
+  if (n == 0) return "0";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%x", words[n - 1]);
+  std::string out = buf;
+  for (size_t i = n - 1; i-- > 0;) {
+    std::snprintf(buf, sizeof buf, ",%08x", words[i]);
+    out += buf;
+  }
+  return out;
+}
 
 Result<ImportResult> graph_from_xml(const XmlElement& root, const std::string& source) {
   Importer imp(source);

@@ -1,5 +1,8 @@
 #include "topology/xml.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
@@ -298,11 +301,25 @@ std::string write_xml(const XmlElement& root) {
 
 Status write_xml_file(const std::string& path, const XmlElement& root) {
   std::string text = write_xml(root);
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return system_error("cannot create topology dump '" + path + "'", errno);
+  // Whole file under a name of its own, then renamed over `path`: processes
+  // or threads dumping to one path at once each replace it atomically instead
+  // of interleaving their bytes in it.
+  static std::atomic<unsigned> seq{0};
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(seq.fetch_add(1));
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return system_error("cannot create topology dump '" + tmp + "'", errno);
   size_t n = std::fwrite(text.data(), 1, text.size(), f);
   int close_rc = std::fclose(f);
-  if (n != text.size() || close_rc != 0) return system_error("writing topology dump '" + path + "'", errno);
+  if (n != text.size() || close_rc != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    return system_error("writing topology dump '" + tmp + "'", err);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    return system_error("cannot rename topology dump '" + tmp + "' to '" + path + "'", err);
+  }
   return Status::ok();
 }
 

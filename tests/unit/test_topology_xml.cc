@@ -1,10 +1,15 @@
 // XML reader/writer and the NCCL-format importer: good files, round trips,
 // and hostile input (errors name the line; warnings skip nodes; no crash).
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "test_topology_util.h"
 #include "topology/discover.h"
+#include "topology/paths.h"
 #include "topology/topo_xml.h"
 #include "topology/xml.h"
 
@@ -310,14 +315,252 @@ TEST(TopologyImport, LinksToSeveralNvSwitchesAddUp) {
   expect_round_trip(g);
 }
 
+// Inside a VM NVML does not see the far end of an NVLink; NCCL's dump then
+// names the sentinel "fffffff:ffff:ff" with tclass 0x068000 (NVSwitch
+// assumed). Regression: such links were dropped as malformed, so an H100 VM
+// had no NVLink at all.
+TEST(TopologyImport, VmNvLinkSentinelIsAnNvSwitch) {
+  const char* xml = R"(<system version="1">
+  <cpu numaid="0" affinity="ffffffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:18:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+      <gpu dev="0" sm="90" rank="0" gdr="1">
+        <nvlink target="fffffff:ffff:ff" count="18" tclass="0x068000"/>
+      </gpu>
+    </pci>
+    <pci busid="0000:2a:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+      <gpu dev="1" sm="90" rank="1" gdr="1">
+        <nvlink target="fffffff:ffff:ff" count="18" tclass="0x068000"/>
+      </gpu>
+    </pci>
+  </cpu>
+</system>
+)";
+  auto r = graph_from_xml_text(xml, "vm-nvswitch");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    EXPECT_EQ(l.count, 18);
+    EXPECT_EQ(g.nodes[static_cast<size_t>(l.b)].type, NodeType::kNvSwitch);
+  }
+  EXPECT_EQ(nvl, 2);
+  std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(find_path(g, gpus[0], gpus[1]).type, PathType::kNvLink);
+  expect_round_trip(g);
+  // A garbage target is still refused.
+  QuietTopo quiet;
+  std::string bad = xml;
+  bad.replace(bad.find("fffffff:ffff:ff"), 15, "not-a-bus-id!!!");
+  auto b = graph_from_xml_text(bad, "bad-target");
+  ASSERT_TRUE(b.is_ok());
+  ASSERT_EQ(b.value().warnings.size(), 1u);
+  EXPECT_NE(b.value().warnings[0].find("target 'not-a-bus-id!!!' is not a PCI bus id"), std::string::npos)
+      << b.value().warnings[0];
+}
+
+// NVML gives bus ids with 8-digit domains, sysfs with 4; NCCL compares them
+// by value. Regression: an <nvlink target="00000000:2a:00.0"> did not find
+// the GPU at 0000:2a:00.0 and the NVLink was dropped.
+TEST(TopologyImport, BusIdsCompareByValue) {
+  std::string b;
+  ASSERT_TRUE(normalize_busid("00000000:2A:00.0", b));
+  EXPECT_EQ(b, "0000:2a:00.0");
+  ASSERT_TRUE(normalize_busid("0001a:00:01.0", b));
+  EXPECT_EQ(b, "001a:00:01.0");
+  ASSERT_TRUE(normalize_busid("0:00:01.0", b));
+  EXPECT_EQ(b, "0000:00:01.0");
+  ASSERT_TRUE(normalize_busid("00010000:00:01.0", b));
+  EXPECT_EQ(b, "10000:00:01.0");
+  const char* xml = R"(<system version="1">
+  <cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="85">
+    <pci busid="0000:18:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+      <gpu dev="0" sm="70"><nvlink target="00000000:2a:00.0" count="2" tclass="0x030200"/></gpu>
+    </pci>
+    <pci busid="00000000:2a:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+      <gpu dev="1" sm="70"><nvlink target="0000:18:00.0" count="2" tclass="0x030200"/></gpu>
+    </pci>
+  </cpu>
+</system>
+)";
+  auto r = graph_from_xml_text(xml, "nvml-busids");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  int nvl = 0;
+  for (const TopoLink& l : g.links) {
+    if (l.type != LinkType::kNvLink) continue;
+    ++nvl;
+    EXPECT_EQ(l.count, 2);
+    EXPECT_DOUBLE_EQ(l.bw, 2 * 25.0);
+  }
+  EXPECT_EQ(nvl, 1);
+  EXPECT_GE(g.find_busid("0000:2a:00.0", NodeType::kGpu), 0);
+  expect_round_trip(g);
+}
+
+// Two GPUs whose NVLinks go to 0000:c3:00.0 with the given tclass.
+std::string nvlink_tclass_xml(const std::string& tclass) {
+  std::string gpu0 = "<pci busid=\"0000:18:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+                     "<gpu dev=\"0\" sm=\"80\"><nvlink target=\"0000:c3:00.0\" count=\"6\" tclass=\"" + tclass +
+                     "\"/></gpu></pci>\n";
+  std::string gpu1 = gpu0;
+  gpu1.replace(gpu1.find("18:00.0"), 7, "2a:00.0");
+  gpu1.replace(gpu1.find("dev=\"0\""), 7, "dev=\"1\"");
+  return "<system version=\"1\">\n<cpu numaid=\"0\" arch=\"x86_64\" vendor=\"GenuineIntel\" familyid=\"6\" modelid=\"143\">\n" +
+         gpu0 + gpu1 + "</cpu>\n</system>\n";
+}
+
+// The far end of an NVLink by its tclass, as NCCL decides it: 0x068001 is a
+// POWER9 CPU's NVLink port (the GPU gets an NVLink to its own CPU), any
+// 0x03xxxx a GPU, anything else an NVSwitch. Regression: 0x068001 was cut to
+// 0x0680 and became an invented NVSwitch (NVL between GPUs that have none);
+// 0x060400 was taken for a CPU and dropped ("to a CPU is not modelled").
+TEST(TopologyImport, NvLinkTargetClassesAsNccl) {
+  {
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x068001"), "p9");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+    const TopoGraph& g = r.value().graph;
+    EXPECT_EQ(g.count(NodeType::kNvSwitch), 0);
+    int cpu = g.nodes_of(NodeType::kCpu)[0];
+    int nvl = 0;
+    for (const TopoLink& l : g.links) {
+      if (l.type != LinkType::kNvLink) continue;
+      ++nvl;
+      EXPECT_TRUE(l.a == cpu || l.b == cpu);
+      EXPECT_EQ(l.count, 6);
+      EXPECT_DOUBLE_EQ(l.bw, 6 * 25.0);
+    }
+    EXPECT_EQ(nvl, 2);
+    std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
+    EXPECT_EQ(find_path(g, gpus[0], cpu).type, PathType::kNvLink);
+    expect_round_trip(g);
+    EXPECT_NE(write_xml(graph_to_xml(g)).find("target=\"0000:c3:00.0\" count=\"6\" tclass=\"0x068001\""),
+              std::string::npos);
+  }
+  for (const char* nvs_class : {"0x068000", "0x060400", "0x0680"}) {
+    auto r = graph_from_xml_text(nvlink_tclass_xml(nvs_class), nvs_class);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().warnings.empty()) << nvs_class << ": " << r.value().warnings.front();
+    const TopoGraph& g = r.value().graph;
+    EXPECT_EQ(g.count(NodeType::kNvSwitch), 1) << nvs_class;
+    int nvl = 0;
+    for (const TopoLink& l : g.links) nvl += l.type == LinkType::kNvLink;
+    EXPECT_EQ(nvl, 2) << nvs_class;
+  }
+  {
+    // A 0x03 class other than 0x0302 is a GPU too: 0000:c3:00.0 is not one
+    // of this file's GPUs, so the link is skipped with that reason.
+    QuietTopo quiet;
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x038000"), "gpu-class");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r.value().warnings.size(), 2u);
+    EXPECT_NE(r.value().warnings[0].find("target 0000:c3:00.0 is not another GPU"), std::string::npos)
+        << r.value().warnings[0];
+    EXPECT_EQ(r.value().graph.count(NodeType::kNvSwitch), 0);
+  }
+  {
+    QuietTopo quiet;
+    auto r = graph_from_xml_text(nvlink_tclass_xml("0x0x0302"), "bad-class");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r.value().warnings.size(), 2u);
+    EXPECT_NE(r.value().warnings[0].find("tclass '0x0x0302' malformed"), std::string::npos) << r.value().warnings[0];
+  }
+}
+
+// NCCL makes a GPU of any display class (0x03xxxx) with a <gpu> child.
+// Regression: class 0x038000 ("other display controller", which some GPUs
+// report) was dropped silently with its <gpu>; and a malformed class was
+// half-parsed by strtol ("0x0x0302" read as class 0x0003) and dropped without
+// a word.
+TEST(TopologyImport, AnyDisplayClassWithAGpuIsAGpu) {
+  const char* xml = R"(<system version="1"><cpu numaid="0">
+  <pci busid="0000:01:00.0" class="0x038000" link_speed="16.0 GT/s PCIe" link_width="16"><gpu dev="0" sm="90"/></pci>
+  <pci busid="0000:02:00.0" class="0x030000" link_speed="16.0 GT/s PCIe" link_width="16"><gpu dev="1" sm="90"/></pci>
+  <pci busid="0000:03:00.0" class="0x030000"/>
+</cpu></system>
+)";
+  auto r = graph_from_xml_text(xml, "c380");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  EXPECT_EQ(g.count(NodeType::kGpu), 2);  // a VGA device without <gpu> (a BMC) is not one
+  EXPECT_GE(g.find_busid("0000:01:00.0", NodeType::kGpu), 0);
+  expect_round_trip(g);
+
+  QuietTopo quiet;
+  for (const char* bad : {"0x0x0302", "0x3", "0x03020", "0x+30200", "0x 0302", "0302"}) {
+    std::string text = std::string("<system><cpu numaid=\"0\"><pci busid=\"0000:01:00.0\" class=\"") + bad +
+                       "\"/></cpu></system>";
+    auto b = graph_from_xml_text(text, "bad-class");
+    ASSERT_TRUE(b.is_ok()) << bad;
+    ASSERT_EQ(b.value().warnings.size(), 1u) << bad;
+    EXPECT_NE(b.value().warnings[0].find(std::string("<pci> class '") + bad + "' malformed"), std::string::npos)
+        << b.value().warnings[0];
+    EXPECT_EQ(b.value().graph.count(NodeType::kGpu), 0) << bad;
+  }
+}
+
+// The bandwidth of a GPU's PCI link as imported from these attributes.
+double gpu_pci_bw(const std::string& link_attrs) {
+  std::string text = "<system><cpu numaid=\"0\"><pci busid=\"0000:00:04.0\" class=\"0x030200\" " + link_attrs +
+                     "><gpu dev=\"0\" sm=\"90\"/></pci></cpu></system>";
+  auto r = graph_from_xml_text(text, "link");
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  if (!r.is_ok()) return -1;
+  EXPECT_TRUE(r.value().warnings.empty()) << link_attrs << ": " << r.value().warnings.front();
+  for (const TopoLink& l : r.value().graph.links)
+    if (l.type == LinkType::kPci) return l.bw;
+  return -1;
+}
+
+// NCCL writes link_width="0" where the upstream port has no max_link_width
+// (a device on a root port) and its importer reads that as x16 at the given
+// speed. Regression: Loom warned and fell back to gen3 x16, so a gen5 GPU
+// had a quarter of its PCIe bandwidth. "Unknown speed" (older kernels) is
+// "Unknown": the documented default, without a warning.
+TEST(TopologyImport, LinkWidthZeroIsX16AtTheGivenSpeed) {
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"32.0 GT/s PCIe\" link_width=\"0\""), pcie_bw("32.0 GT/s", 16), 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"32.0 GT/s PCIe\" link_width=\"16\""), 63.02, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"16.0 GT/s PCIe\" link_width=\"8\""), 15.75, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"16\""), 15.75, 0.01);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"0\""), 15.75, 0.01);
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
   setenv("NCCL_TOPO_FILE", "/nonexistent/should/not/be/read.xml", 1);
   setenv("NCCL_TOPO_DUMP_FILE", dump.c_str(), 1);
+  std::remove(dump.c_str());
   auto r = load_system_topology();
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r.value().graph.count(NodeType::kGpu), 8);
+  // One rank writes the dump, as NCCL: rank 0 unless NCCL_TOPO_DUMP_FILE_RANK
+  // (or LOOM_TOPO_DUMP_FILE_RANK) says otherwise; a tool (rank -1) always.
+  auto exists = [&] { return std::ifstream(dump).good(); };
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_FALSE(exists());
+  setenv("NCCL_TOPO_DUMP_FILE_RANK", "1", 1);
+  dump_system_topology(r.value().graph, 0);
+  EXPECT_FALSE(exists());
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_TRUE(exists());
+  std::remove(dump.c_str());
+  setenv("LOOM_TOPO_DUMP_FILE_RANK", "2", 1);  // LOOM_ wins
+  dump_system_topology(r.value().graph, 1);
+  EXPECT_FALSE(exists());
+  dump_system_topology(r.value().graph, 2);
+  EXPECT_TRUE(exists());
+  std::remove(dump.c_str());
+  unsetenv("LOOM_TOPO_DUMP_FILE_RANK");
+  unsetenv("NCCL_TOPO_DUMP_FILE_RANK");
+  dump_system_topology(r.value().graph, -1);
   auto back = load_topology_file(dump);
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(back.value().graph.describe(), r.value().graph.describe());
@@ -384,6 +627,222 @@ TEST(TopologyDiscover, SysfsNetworkSpeeds) {
   const TopoGraph& g = r.value().graph;
   ASSERT_EQ(g.count(NodeType::kNic), 2);
   EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(g.nodes_of(NodeType::kNic)[0])].net_bw, 25000.0 / 8000.0);
+}
+
+// A fake sysfs tree under the test's temp dir, removed first.
+struct FakeSysfs {
+  std::string root;
+  explicit FakeSysfs(const std::string& name) : root(::testing::TempDir() + "/" + name) {
+    EXPECT_EQ(std::system(("rm -rf '" + root + "' && mkdir -p '" + root + "'").c_str()), 0);
+  }
+  void put(const std::string& rel, const std::string& content) const {
+    std::string path = root + "/" + rel;
+    std::string dir = path.substr(0, path.rfind('/'));
+    ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+    std::ofstream(path) << content << "\n";
+  }
+  // bus/pci/devices/<busid> -> the device's directory under devices/, as the kernel links it.
+  void pci_device(const std::string& busid, const std::string& devices_path) const {
+    ASSERT_EQ(std::system(("mkdir -p '" + root + "/devices/" + devices_path + "' '" + root + "/bus/pci/devices' && ln -s '" +
+                           root + "/devices/" + devices_path + "' '" + root + "/bus/pci/devices/" + busid + "'")
+                              .c_str()),
+              0);
+  }
+  std::string attr(const std::string& busid, const std::string& name) const {
+    AttrList a;
+    pci_link_attrs(root, busid, a);
+    XmlElement el;
+    el.attrs = a;
+    const std::string* v = el.attr(name);
+    return v == nullptr ? "(none)" : *v;
+  }
+};
+
+// NCCL reads max_link_speed/max_link_width of the device and of its upstream
+// port and keeps the smaller. Regression: Loom read current_link_*, and a GPU
+// idles at 2.5 GT/s, so the model (and the algorithms chosen) depended on the
+// power state at init; it also cut the " PCIe" suffix NCCL keeps.
+TEST(TopologyDiscover, PciLinkIsMaxOfDeviceCappedByItsPort) {
+  FakeSysfs fs("loom_fake_sysfs_link");
+  const std::string port = "pci0000:00/0000:00:01.0";
+  fs.pci_device("0000:00:01.0", port);
+  fs.pci_device("0000:01:00.0", port + "/0000:01:00.0");
+  fs.pci_device("0000:02:00.0", port + "/0000:02:00.0");
+  fs.pci_device("0000:00:05.0", "pci0000:00/0000:00:05.0");  // on the root complex
+  fs.pci_device("0000:00:06.0", "pci0000:00/0000:00:06.0");
+  fs.pci_device("0000:00:07.0", "pci0000:00/0000:00:07.0");
+  auto link = [&](const std::string& dir, const std::string& max_speed, const std::string& max_width,
+                  const std::string& cur_speed, const std::string& cur_width) {
+    if (!max_speed.empty()) fs.put("devices/" + dir + "/max_link_speed", max_speed);
+    if (!max_width.empty()) fs.put("devices/" + dir + "/max_link_width", max_width);
+    if (!cur_speed.empty()) fs.put("devices/" + dir + "/current_link_speed", cur_speed);
+    if (!cur_width.empty()) fs.put("devices/" + dir + "/current_link_width", cur_width);
+  };
+  link(port, "32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16");
+  // An idle gen5 GPU: its capability, not its 2.5 GT/s idle state.
+  link(port + "/0000:01:00.0", "32.0 GT/s PCIe", "16", "2.5 GT/s PCIe", "16");
+  EXPECT_EQ(fs.attr("0000:01:00.0", "link_speed"), "32.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:01:00.0", "link_width"), "16");
+  // A gen5 x16 device behind a slower port: the port bounds it.
+  link(port + "/0000:02:00.0", "64.0 GT/s PCIe", "32", "64.0 GT/s PCIe", "32");
+  EXPECT_EQ(fs.attr("0000:02:00.0", "link_speed"), "32.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:02:00.0", "link_width"), "16");
+  // On the root complex (no upstream port files): the device's own.
+  link("pci0000:00/0000:00:05.0", "16.0 GT/s PCIe", "8", "2.5 GT/s PCIe", "8");
+  EXPECT_EQ(fs.attr("0000:00:05.0", "link_speed"), "16.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:00:05.0", "link_width"), "8");
+  // No max_* files: current_* is all there is.
+  link("pci0000:00/0000:00:06.0", "", "", "8.0 GT/s PCIe", "4");
+  EXPECT_EQ(fs.attr("0000:00:06.0", "link_speed"), "8.0 GT/s PCIe");
+  EXPECT_EQ(fs.attr("0000:00:06.0", "link_width"), "4");
+  // Unknown speed, in either kernel's words: no link attributes (the default).
+  link("pci0000:00/0000:00:07.0", "Unknown speed", "16", "Unknown speed", "16");
+  EXPECT_EQ(fs.attr("0000:00:07.0", "link_speed"), "(none)");
+  EXPECT_EQ(fs.attr("0000:00:07.0", "link_width"), "(none)");
+  EXPECT_EQ(fs.attr("0000:09:00.0", "link_speed"), "(none)");  // no such device
+}
+
+// NCCL writes and reads <cpu affinity> in the kernel's cpumap form
+// ("ffffffff,0000ffff"). Regression: hwloc discovery wrote hwloc's form
+// ("0x00000003"), which NCCL does not read. The importer rewrites that form
+// from older dumps and refuses what is neither.
+TEST(TopologyImport, CpuAffinityIsCpumapForm) {
+  std::vector<uint32_t> w;
+  ASSERT_TRUE(parse_cpu_affinity("ffffffff,0000ffff", w));
+  EXPECT_EQ(w, (std::vector<uint32_t>{0x0000ffff, 0xffffffff}));
+  ASSERT_TRUE(parse_cpu_affinity("0xffffffff,0x0000ffff", w));
+  EXPECT_EQ(w, (std::vector<uint32_t>{0x0000ffff, 0xffffffff}));
+  ASSERT_TRUE(parse_cpu_affinity("0x00000003", w));
+  EXPECT_EQ(cpumap_string(w), "3");
+  EXPECT_EQ(cpumap_string({0, 0xffff}), "ffff,00000000");
+  EXPECT_EQ(cpumap_string({}), "0");
+  for (const char* bad : {"", "zz", "0x", "1,,2", "123456789", "3,"}) EXPECT_FALSE(parse_cpu_affinity(bad, w)) << bad;
+
+  QuietTopo quiet;
+  auto affinity_after_import = [](const std::string& value, size_t* nwarnings) {
+    auto r = graph_from_xml_text("<system><cpu numaid=\"0\" affinity=\"" + value + "\"/></system>", "aff");
+    EXPECT_TRUE(r.is_ok());
+    *nwarnings = r.value().warnings.size();
+    XmlElement el = graph_to_xml(r.value().graph).children.at(0);
+    const std::string* v = el.attr("affinity");
+    return v == nullptr ? std::string("(none)") : *v;
+  };
+  size_t nw = 0;
+  EXPECT_EQ(affinity_after_import("0x00000003", &nw), "3");
+  EXPECT_EQ(nw, 0u);
+  EXPECT_EQ(affinity_after_import("0xffffffff,0x0000ffff", &nw), "ffffffff,0000ffff");
+  EXPECT_EQ(affinity_after_import("00000000,ffffffff", &nw), "00000000,ffffffff");  // as written
+  EXPECT_EQ(nw, 0u);
+  EXPECT_EQ(affinity_after_import("0-3", &nw), "(none)");
+  EXPECT_EQ(nw, 1u);
+}
+
+TEST(TopologyDiscover, CpuAffinityIsWrittenInCpumapForm) {
+  // With the real sysfs and with none (hwloc's cpuset, converted), with and
+  // without hwloc: never hwloc's 0x form, always a mask that parses.
+  for (bool hwloc : {true, false}) {
+    for (const std::string& root : {std::string("/sys"), ::testing::TempDir() + "/loom_no_sysfs_here"}) {
+      DiscoverOptions o;
+      o.use_hwloc = hwloc;
+      o.sysfs_root = root;
+      XmlElement x = discover_host_xml(o);
+      for (const XmlElement& cpu : x.children) {
+        const std::string* a = cpu.attr("affinity");
+        if (a == nullptr) continue;
+        std::vector<uint32_t> w;
+        EXPECT_TRUE(parse_cpu_affinity(*a, w)) << *a;
+        EXPECT_EQ(a->find('x'), std::string::npos) << "hwloc=" << hwloc << " root=" << root << ": " << *a;
+      }
+    }
+  }
+}
+
+// Network interfaces as discovery writes them. Regressions (hwloc path):
+// interfaces that were down became NICs; an Ethernet port of unknown speed
+// (sysfs -1: virtio, veth) was bounded only by its PCI link, 126 Gb/s for
+// virtio, where NCCL's socket transport assumes 10 Gb/s; IB ports that were
+// not ACTIVE were used.
+TEST(TopologyDiscover, NetInterfacesUpAndUnknownSpeedIs10G) {
+  FakeSysfs fs("loom_fake_sysfs_nets");
+  fs.put("class/net/eth0/operstate", "up");
+  fs.put("class/net/eth0/speed", "-1");
+  fs.put("class/net/eth1/operstate", "down");
+  fs.put("class/net/eth1/speed", "100000");
+  fs.put("class/net/eth2/operstate", "up");
+  fs.put("class/net/eth2/speed", "25000");
+  fs.put("class/net/eth3/speed", "25000");  // no operstate
+  auto speed = [&](const std::string& name) {
+    std::optional<XmlElement> net = ethernet_net_element(fs.root, name, 7);
+    if (!net) return std::string("(left out)");
+    EXPECT_EQ(*net->attr("dev"), "7");
+    const std::string* v = net->attr("speed");
+    return v == nullptr ? std::string("(none)") : *v;
+  };
+  EXPECT_EQ(speed("eth0"), "10000");
+  EXPECT_EQ(speed("eth1"), "(left out)");
+  EXPECT_EQ(speed("eth2"), "25000");
+  EXPECT_EQ(speed("eth3"), "(left out)");
+
+  fs.put("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE");
+  fs.put("class/infiniband/mlx5_0/ports/2/state", "1: DOWN");
+  EXPECT_TRUE(ib_port_active(fs.root, "mlx5_0", 1));
+  EXPECT_FALSE(ib_port_active(fs.root, "mlx5_0", 2));
+  EXPECT_TRUE(ib_port_active(fs.root, "mlx5_0", 3));  // state unreadable: not known to be down
+
+  // Without hwloc the interface of unknown speed is a 10 Gb/s NIC too.
+  DiscoverOptions o;
+  o.use_hwloc = false;
+  o.sysfs_root = fs.root;
+  auto r = discover_topology(o);
+  ASSERT_TRUE(r.is_ok());
+  const TopoGraph& g = r.value().graph;
+  ASSERT_EQ(g.count(NodeType::kNic), 2);  // eth0 and eth2
+  for (int n : g.nodes_of(NodeType::kNic)) {
+    const TopoNode& nic = g.nodes[static_cast<size_t>(n)];
+    EXPECT_DOUBLE_EQ(nic.net_bw, nic.name == "eth0" ? 10000.0 / 8000.0 : 25000.0 / 8000.0) << nic.name;
+    EXPECT_TRUE(nic.speed_known) << nic.name;
+  }
+}
+
+// Threads (or processes) dumping to one path at once: each dump replaces
+// the file whole. Regression: fopen("w") + fwrite from every rank could
+// leave one rank's bytes inside another's file.
+TEST(TopologyImport, ConcurrentDumpsNeverMix) {
+  auto a = load_topology_file(shared_topology("azure-ndv2.xml"));
+  auto b = load_topology_file(shared_topology("azure-ndv4.xml"));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  const std::string dir = ::testing::TempDir() + "/loom_concurrent_dumps";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  const std::string path = dir + "/topo.xml";
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        if (!dump_topology_file((t % 2 ? a : b).value().graph, path).is_ok()) ++failures;
+      }
+    });
+  }
+  // Meanwhile every read sees one whole file.
+  int reads = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (!std::ifstream(path).good()) continue;
+    auto back = load_topology_file(path);
+    EXPECT_TRUE(back.is_ok()) << back.status().to_string();
+    if (!back.is_ok()) break;  // (the writers are joined below)
+    std::string d = back.value().graph.describe();
+    EXPECT_TRUE(d == a.value().graph.describe() || d == b.value().graph.describe());
+    ++reads;
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto last = load_topology_file(path);
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  // No temporary file is left behind.
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"topo.xml"});
+  (void)reads;
 }
 
 }  // namespace
