@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,8 @@
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
+constexpr long kMaxRanks = 4096;              // ranks on one host
+constexpr double kMaxGraceSeconds = 86400;    // a day; also keeps the deadline arithmetic in range
 void on_signal(int sig) { g_signal = sig; }
 
 void usage(FILE* out) {
@@ -144,44 +147,99 @@ void remove_stale_segments(const std::vector<Rank>& ranks) {
   }
 }
 
+
+// Whole-string numbers: "2x", "" and out-of-range values are refused
+// (atoi/atof read them as 2, 0 and garbage: -n 4294967297 ran one rank).
+bool parse_count(const char* s, long lo, long hi, long* out) {
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+bool parse_seconds(const char* s, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end != '\0' || errno != 0 || !(v >= 0 && v <= kMaxGraceSeconds)) return false;
+  *out = v;
+  return true;
+}
+
+int bad_usage(const std::string& why) {
+  fprintf(stderr, "loomrun: %s\n", why.c_str());
+  usage(stderr);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = -1;
+  long nranks = -1;
   double grace = 3.0;
-  if (const char* g = getenv("LOOM_LOOMRUN_GRACE")) grace = atof(g);
+  if (const char* g = getenv("LOOM_LOOMRUN_GRACE")) {
+    // As loom-env says of a malformed value: warned, the default used.
+    if (!parse_seconds(g, &grace)) {
+      fprintf(stderr, "loomrun: LOOM_LOOMRUN_GRACE='%s' is not a number of seconds in [0, %g]; using 3\n", g,
+              kMaxGraceSeconds);
+      grace = 3.0;
+    }
+  }
   bool prefix = true;
   bool bind = true;
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
+    // --opt=value as well as --opt value.
+    std::string inline_value;
+    bool has_inline = false;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      inline_value = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+      has_inline = true;
+    }
+    auto value = [&](std::string* v) {
+      if (has_inline) {
+        *v = inline_value;
+        return true;
+      }
+      if (i + 1 >= argc) return false;
+      *v = argv[++i];
+      return true;
+    };
+    std::string v;
     if (a == "-n" || a == "-np") {
-      if (i + 1 >= argc) { usage(stderr); return 2; }
-      n = atoi(argv[++i]);
+      if (!value(&v)) return bad_usage(a + " needs a number of ranks");
+      if (!parse_count(v.c_str(), 1, kMaxRanks, &nranks))
+        return bad_usage(a + " '" + v + "': the number of ranks is a whole number from 1 to " +
+                         std::to_string(kMaxRanks));
     } else if (a == "--grace") {
-      if (i + 1 >= argc) { usage(stderr); return 2; }
-      grace = atof(argv[++i]);
+      if (!value(&v)) return bad_usage("--grace needs a number of seconds");
+      if (!parse_seconds(v.c_str(), &grace))
+        return bad_usage("--grace '" + v + "': seconds from 0 to " + std::to_string(static_cast<long>(kMaxGraceSeconds)));
     } else if (a == "--bind") {
-      if (i + 1 >= argc) { usage(stderr); return 2; }
-      std::string b = argv[++i];
-      if (b != "core" && b != "none") { usage(stderr); return 2; }
-      bind = b == "core";
-    } else if (a == "--no-prefix") {
+      if (!value(&v)) return bad_usage("--bind needs core or none");
+      if (v != "core" && v != "none") return bad_usage("--bind '" + v + "': core or none");
+      bind = v == "core";
+    } else if (a == "--no-prefix" && !has_inline) {
       prefix = false;
-    } else if (a == "-h" || a == "--help") {
+    } else if ((a == "-h" || a == "--help") && !has_inline) {
       usage(stdout);
       return 0;
-    } else if (a == "--") {
+    } else if (a == "--" && !has_inline) {
       ++i;
       break;
+    } else if (!a.empty() && a[0] == '-') {
+      // Regression: a mistyped option (--no-prefx) was run as the program.
+      return bad_usage("unknown option '" + std::string(argv[i]) + "' (the program's own options go after it, or after --)");
     } else {
       break;
     }
   }
-  if (n < 1 || i >= argc) {
-    usage(stderr);
-    return 2;
-  }
+  if (nranks < 1) return bad_usage("-n N is required");
+  if (i >= argc) return bad_usage("no program to run");
+  const int n = static_cast<int>(nranks);
   // Hang-up (a closed terminal or ssh session) and quit end the ranks like
   // interrupt and terminate do. Regression: they killed loomrun alone and
   // left the ranks (in process groups of their own) running as orphans.

@@ -83,6 +83,44 @@ TEST(Loomrun, RemovesTheSegmentOfARankKilledInShmSetup) {
   EXPECT_EQ(left, "") << "segments of rank 1 still in /dev/shm";
 }
 
+// Bad arguments are refused with exit 2 and a reason, before any rank
+// starts. Regressions: -n 2x ran 2 ranks, -n 4294967297 ran one (atoi),
+// --grace abc and 1e7 meant no grace at all (atof, an int overflow), and a
+// mistyped option (--no-prefx) was run as the program (exit 127 per rank).
+TEST(Loomrun, RefusesBadArguments) {
+  const std::string loomrun = build_dir() + "/bin/loomrun ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"-n 2x true", "-n '2x'"},
+      {"-n 4294967297 true", "from 1 to 4096"},
+      {"-n 0 true", "from 1 to 4096"},
+      {"-n 2 --no-prefx true", "unknown option '--no-prefx'"},
+      {"--grace abc -n 2 true", "--grace 'abc'"},
+      {"--grace 1e7 -n 2 true", "--grace '1e7'"},
+      {"--grace -5 -n 2 true", "--grace '-5'"},
+      {"-n 2 --bind sometimes true", "--bind 'sometimes'"},
+      {"-n 2", "no program to run"},
+      {"true", "-n N is required"},
+  };
+  for (const auto& [args, why] : cases) {
+    auto [rc, out] = run(loomrun + args);
+    EXPECT_EQ(rc, 2) << args << "\n" << out;
+    EXPECT_NE(out.find(why), std::string::npos) << args << "\n" << out;
+    EXPECT_EQ(out.find("[0]"), std::string::npos) << "a rank started: " << args << "\n" << out;
+  }
+  // --opt=value is accepted; a malformed LOOM_LOOMRUN_GRACE is warned about
+  // and the default 3 s used (as loom-env reports it), not 0.
+  auto [rc, out] = run("env LOOM_LOOMRUN_GRACE=abc " + loomrun + "-n 2 --bind=none --grace=1 true");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("LOOM_LOOMRUN_GRACE='abc' is not a number of seconds"), std::string::npos) << out;
+  auto t0 = std::chrono::steady_clock::now();
+  auto [rc2, out2] = run("env LOOM_LOOMRUN_GRACE=abc " + loomrun +
+                         "-n 2 sh -c 'if [ $LOOM_RANK = 0 ]; then exit 3; fi; sleep 1; echo finished in the grace'");
+  EXPECT_EQ(rc2, 3) << out2;
+  EXPECT_NE(out2.find("[1] finished in the grace"), std::string::npos)
+      << "rank 1 was ended before the default 3 s grace: " << out2;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30) << out2;
+}
+
 TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   auto t0 = std::chrono::steady_clock::now();
   auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 1 sh -c 'if [ $LOOM_RANK = 1 ]; then exit 3; fi; sleep 60'");
