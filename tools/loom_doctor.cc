@@ -8,7 +8,10 @@
 //   loom-doctor show [ADDR]        one process's state as text
 //
 // The first line of the output is the verdict ("CLASS: sentence"); the
-// evidence follows, one line per fact.
+// evidence follows, one line per fact. Exit 0 with a verdict; 1 when there
+// was nothing to judge (NO_DATA: no readable dump, an unreadable directory)
+// or no verdict (NO_VERDICT), or a live job could not be queried; 2 on
+// bad usage.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -29,7 +32,9 @@ void usage(FILE* out) {
           "  status:  verdict from a live job: gathers every rank's state through the diag\n"
           "           server at ADDR (default 127.0.0.1:28950, see LOOM_DIAG_ADDR), twice\n"
           "           --interval seconds apart (default 3) to tell stuck from slow\n"
-          "  show:    the state of the process serving ADDR, as text\n");
+          "  show:    the state of the process serving ADDR, as text\n"
+          "  exit: 0 with a verdict; 1 with nothing to judge (NO_DATA, NO_VERDICT) or a job\n"
+          "        that did not answer; 2 on bad usage\n");
 }
 
 void print(const loom::diag::Verdict& v, bool as_json) {
@@ -49,36 +54,55 @@ loom::Result<loom::diag::Snapshot> gather(const std::string& addr) {
   return loom::diag::from_gather(j);
 }
 
+int bad_usage(const std::string& why) {
+  fprintf(stderr, "loom-doctor: %s\n", why.c_str());
+  usage(stderr);
+  return 2;
+}
+
+// 0 with a verdict, 1 with nothing to judge.
+int verdict_code(const loom::diag::Verdict& v) { return v.cls == "NO_DATA" || v.cls == "NO_VERDICT" ? 1 : 0; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
+  for (int i = 1; i < argc; ++i)
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 0;
+    }
+  if (argc < 2) return bad_usage("which command: analyze, status or show?");
   std::string cmd = argv[1];
+  if (cmd != "analyze" && cmd != "status" && cmd != "show") return bad_usage("unknown command '" + cmd + "'");
   std::string arg;
   bool as_json = false;
   double interval = 3.0;
   for (int i = 2; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json")) as_json = true;
-    else if (!strcmp(argv[i], "--interval") && i + 1 < argc) interval = atof(argv[++i]);
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
-      return 0;
-    } else if (arg.empty()) arg = argv[i];
-    else {
-      usage(stderr);
-      return 2;
+    const std::string a = argv[i];
+    if (a == "--json" && cmd != "show") {
+      as_json = true;
+    } else if (a == "--interval" && cmd == "status") {
+      // Regression: "--interval" without a value became the address, and
+      // "--interval abc" 0 s.
+      char* end = nullptr;
+      if (i + 1 >= argc) return bad_usage("--interval needs a number of seconds");
+      interval = strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || !(interval > 0 && interval <= 3600))
+        return bad_usage(std::string("--interval '") + argv[i] + "': seconds, more than 0 and at most 3600");
+    } else if (!a.empty() && a[0] == '-') {
+      return bad_usage("'" + a + "' is not an option of " + cmd);
+    } else if (arg.empty()) {
+      arg = a;
+    } else {
+      return bad_usage("one " + std::string(cmd == "analyze" ? "directory" : "address") + " only ('" + arg +
+                       "', then '" + a + "')");
     }
   }
   if (cmd == "analyze") {
-    if (arg.empty()) {
-      usage(stderr);
-      return 2;
-    }
-    print(loom::diag::analyze(loom::diag::load_dumps(arg)), as_json);
-    return 0;
+    if (arg.empty()) return bad_usage("analyze needs the dump directory (LOOM_DUMP_DIR)");
+    const loom::diag::Verdict v = loom::diag::analyze(loom::diag::load_dumps(arg));
+    print(v, as_json);
+    return verdict_code(v);
   }
   if (arg.empty()) arg = "127.0.0.1:28950";
   if (cmd == "show") {
@@ -102,12 +126,13 @@ int main(int argc, char** argv) {
       // The job may have ended or failed in between: judge the first look.
       fprintf(stderr, "loom-doctor: second query failed (%s); judging the first snapshot\n",
               second.status().to_string().c_str());
-      print(loom::diag::analyze(*first), as_json);
-      return 0;
+      const loom::diag::Verdict v = loom::diag::analyze(*first);
+      print(v, as_json);
+      return verdict_code(v);
     }
-    print(loom::diag::analyze(*second, &*first), as_json);
-    return 0;
+    const loom::diag::Verdict v = loom::diag::analyze(*second, &*first);
+    print(v, as_json);
+    return verdict_code(v);
   }
-  usage(stderr);
-  return 2;
+  return bad_usage("unknown command '" + cmd + "'");
 }

@@ -47,8 +47,9 @@ bool well_formed(const loom::ParamInfo& p, const char* v) {
 int main(int argc, char** argv) {
   bool md = argc > 1 && std::strcmp(argv[1], "--markdown") == 0;
   if (argc > 1 && !md) {
-    printf("usage: loom-env [--markdown]\n");
-    return std::strcmp(argv[1], "--help") == 0 ? 0 : 2;
+    const bool help = std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0;
+    fprintf(help ? stdout : stderr, "usage: loom-env [--markdown]\n");
+    return help ? 0 : 2;
   }
   if (md) {
     printf("# Environment variables\n\n");

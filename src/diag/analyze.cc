@@ -697,12 +697,16 @@ std::string Verdict::to_text() const {
   return out;
 }
 
+namespace {
+Verdict analyze_or_throw(const Snapshot& now, const Snapshot* earlier);
+}  // namespace
+
 Snapshot load_dumps(const std::string& dir) {
   Snapshot s;
   std::error_code ec;
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().extension() == ".json") files.push_back(e.path());
+    if (e.path().extension() == ".json" && e.is_regular_file()) files.push_back(e.path());
   if (ec) s.problems.push_back(fmt::format("cannot read directory {}: {}", dir, ec.message()));
   std::sort(files.begin(), files.end());
   std::vector<std::string> names;  // file of each process
@@ -738,13 +742,17 @@ Snapshot load_dumps(const std::string& dir) {
       {
         Snapshot alone;
         alone.processes.push_back(j);
-        (void)analyze(alone);
+        (void)analyze_or_throw(alone, nullptr);
       }
       s.processes.push_back(std::move(j));
       names.push_back(name);
     } catch (const json::exception& e) {
       bool truncated = std::string(e.what()).find("unexpected end of input") != std::string::npos;
       s.problems.push_back(fmt::format("{}: {} ({})", name, truncated ? "truncated" : "corrupt", e.what()));
+    } catch (const std::exception& e) {
+      // Well-formed JSON whose values the analysis cannot use (a rank
+      // number beyond int in an error's text: std::stoi threw out_of_range).
+      s.problems.push_back(fmt::format("{}: corrupt ({})", name, e.what()));
     }
   }
   drop_older_runs(s, names);
@@ -766,7 +774,8 @@ Snapshot from_gather(const json& g) {
   return s;
 }
 
-Verdict analyze(const Snapshot& now, const Snapshot* earlier) {
+namespace {
+Verdict analyze_or_throw(const Snapshot& now, const Snapshot* earlier) {
   Verdict v;
   if (now.processes.empty()) {
     v.cls = "NO_DATA";
@@ -793,6 +802,28 @@ Verdict analyze(const Snapshot& now, const Snapshot* earlier) {
   }
   add_positions(v, now);
   return v;
+}
+}  // namespace
+
+Verdict analyze(const Snapshot& now, const Snapshot* earlier) {
+  try {
+    return analyze_or_throw(now, earlier);
+  } catch (const std::exception& e) {
+    // Files that each read well but contradict one another (a communicator
+    // of 2 ranks whose files name rank 5, ranks out of range in an error's
+    // text): no verdict rather than a crash of the tool a user runs at 3 a.m.
+    // Regression: std::terminate (map::at, stoi) and exit 134.
+    Verdict v;
+    v.cls = "NO_VERDICT";
+    v.summary = std::string("the dumps contradict one another, no verdict (") + e.what() +
+                "); the problems and files are listed below";
+    for (const auto& p : now.problems) v.evidence.push_back(p);
+    for (const auto& p : now.processes)
+      if (p.is_object())
+        v.evidence.push_back(fmt::format("process {} on {}", p.value("pid", nlohmann::json(-1)).dump(),
+                                         p.value("host", nlohmann::json("?")).dump()));
+    return v;
+  }
 }
 
 }  // namespace loom::diag

@@ -6,7 +6,7 @@
 //   RANK_DIED, LINK_DOWN, STRAGGLER, STUCK_IN_USER_CODE, P2P_DEADLOCK,
 //   CROSS_COMM_DEADLOCK, plus HANG (stuck, cause not classified),
 //   PROGRESSING (live: moving, no straggler), FAILED (an error of another
-//   kind), NO_DATA.
+//   kind), NO_DATA, NO_VERDICT (the dumps contradict one another).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -85,3 +85,33 @@ TEST(DoctorCases, CrossCommunicatorDeadlock) {
 }
 
 }  // namespace
+
+namespace {
+
+// loom-doctor's and loom-env's command lines: help anywhere exits 0 on
+// stdout, bad options exit 2 with a reason, and an analysis with nothing to
+// judge exits 1. Regressions: `loom-doctor --help` and `loom-env -h` exited
+// 2; `analyze /nonexistent` exited 0 (a typo in a script looked like
+// success); `status --interval` took "--interval" as the address and
+// `--interval abc` meant 0 s; `show --json` was accepted and ignored.
+TEST(DoctorCli, ExitCodesAndOptions) {
+  auto rc_of = [](const std::string& cmd) {
+    const std::string out = run(cmd + " >/dev/null 2>&1; echo rc=$?");
+    return out.substr(out.rfind("rc=") + 3, out.find('\n', out.rfind("rc=")) - out.rfind("rc=") - 3);
+  };
+  const std::string doctor = bin("loom-doctor");
+  EXPECT_EQ(rc_of(doctor + " --help"), "0");
+  EXPECT_EQ(rc_of(doctor + " -h"), "0");
+  EXPECT_EQ(rc_of(bin("loom-env") + " -h"), "0");
+  EXPECT_EQ(rc_of(bin("loom-env") + " --bogus"), "2");
+  EXPECT_EQ(rc_of(doctor + " analyze /nonexistent-loom-dumps"), "1");
+  EXPECT_EQ(rc_of(doctor + " status --interval"), "2");
+  EXPECT_EQ(rc_of(doctor + " status 127.0.0.1:1 --interval abc"), "2");
+  EXPECT_EQ(rc_of(doctor + " show --json 127.0.0.1:1"), "2");
+  EXPECT_EQ(rc_of(doctor + " analyze a b"), "2");
+  EXPECT_EQ(rc_of(doctor + " frobnicate"), "2");
+  EXPECT_NE(run(doctor + " status --interval abc 2>&1").find("--interval 'abc'"), std::string::npos);
+  EXPECT_NE(run(doctor + " --help 2>/dev/null").find("usage: loom-doctor"), std::string::npos);
+}
+
+}  // namespace

@@ -388,6 +388,49 @@ nlohmann::json two_host_state(int rank, const std::vector<int>& waits, const std
           {"time_ns", 3'000'000'001}, {"comms", nlohmann::json::array({comm})}};
 }
 
+// Files that read well one by one but break the analysis: a rank number
+// beyond int in an error's text (std::stoi threw out_of_range), and two
+// files of a 2-rank communicator whose peer tables name ranks 0 and 5
+// (map::at threw in the partition check). Regression: loom-doctor died with
+// std::terminate (exit 134) and no verdict; now the first file is named as
+// corrupt and the rest analysed, the second pair gets NO_VERDICT with the
+// reason, and loom-doctor exits 1 for it (no verdict), 0 with one.
+TEST(Doctor, DumpsThatBreakTheAnalysisGetNoVerdictNotACrash) {
+  const std::string dir = "/tmp/loom-diag-unit-break-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json huge = rank_state(0, true);
+  huge["comms"][0]["error"] =
+      "InvalidUsage: comm rank 0: allreduce #3 (ring, 8 x float32, sum): mismatched operations: rank 99999999999 "
+      "called allreduce(sum, 8 x fp32) as op #3 where rank 1 called broadcast(root=0, 8 x fp32)";
+  std::ofstream(dir + "/loom-rank0-h-100.json") << huge.dump(1);
+  std::ofstream(dir + "/loom-rank1-h-101.json") << rank_state(1, true).dump(1);
+  Snapshot s = load_dumps(dir);
+  std::string problems;
+  for (const auto& p : s.problems) problems += p + "\n";
+  EXPECT_NE(problems.find("loom-rank0-h-100.json: corrupt"), std::string::npos) << problems;
+  const Verdict rest = analyze(s);  // rank 1's file: in the op, waiting on rank 1's peer
+  EXPECT_EQ(rest.cls, "HANG") << rest.to_text();
+  EXPECT_NE(rest.to_text().find("problem: loom-rank0-h-100.json: corrupt"), std::string::npos) << rest.to_text();
+  std::filesystem::remove_all(dir);
+
+  Snapshot odd;
+  for (int r = 0; r < 2; ++r) {
+    nlohmann::json st = two_host_state(r, {1, 0, -1, -1});
+    auto& comm = st["comms"][0];
+    comm["nranks"] = 2;
+    nlohmann::json peers = nlohmann::json::array({comm["peers"][0], comm["peers"][2]});
+    peers[1]["rank"] = 5;  // a peer table that contradicts nranks
+    comm["peers"] = peers;
+    st["host_id"] = r == 0 ? "ha" : "hb";
+    st["host_hash"] = r == 0 ? "00aa" : "00bb";
+    odd.processes.push_back(st);
+  }
+  Verdict v = analyze(odd);
+  EXPECT_EQ(v.cls, "NO_VERDICT") << v.to_text();
+  EXPECT_NE(v.summary.find("the dumps contradict one another"), std::string::npos) << v.to_text();
+}
+
 Snapshot snapshot_of(const std::vector<int>& waits, const std::vector<int>& alive, const std::string& error = "") {
   Snapshot s;
   for (int r : alive) s.processes.push_back(two_host_state(r, waits, error));
