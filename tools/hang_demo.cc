@@ -198,8 +198,23 @@ int bench_overhead(int batches, int iters) {
 
 int main(int argc, char** argv) {
   std::string c;
-  if (argc >= 2 && !strcmp(argv[1], "--bench-overhead"))
-    return bench_overhead(argc >= 3 ? atoi(argv[2]) : 30, argc >= 4 ? atoi(argv[3]) : 2000);
+  if (argc >= 2 && !strcmp(argv[1], "--bench-overhead")) {
+    // Whole positive numbers (regression: 0 or "abc" batches read an empty
+    // vector's minimum: a segfault; 0 iterations divided by zero).
+    auto count = [](const char* s, long* out) {
+      char* end = nullptr;
+      long v = strtol(s, &end, 10);
+      if (end == s || *end != '\0' || v < 1 || v > 100000000) return false;
+      *out = v;
+      return true;
+    };
+    long batches = 30, iters = 2000;
+    if ((argc >= 3 && !count(argv[2], &batches)) || (argc >= 4 && !count(argv[3], &iters)) || argc > 4) {
+      fprintf(stderr, "usage: hang_demo --bench-overhead [BATCHES [ITERATIONS]]   (whole numbers >= 1)\n");
+      return 2;
+    }
+    return bench_overhead(static_cast<int>(batches), static_cast<int>(iters));
+  }
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--case") && i + 1 < argc) c = argv[++i];
     else if (!strcmp(argv[i], "--lag-ms") && i + 1 < argc) g_lag_ms = atoi(argv[++i]);

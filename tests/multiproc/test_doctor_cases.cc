@@ -115,3 +115,18 @@ TEST(DoctorCli, ExitCodesAndOptions) {
 }
 
 }  // namespace
+
+namespace {
+
+// hang_demo --bench-overhead takes whole numbers >= 1. Regression: 0 or
+// "abc" batches segfaulted (the minimum of no batch), 0 iterations divided
+// by zero and printed "inf".
+TEST(DoctorCli, BenchOverheadRefusesEmptyRuns) {
+  for (const char* args : {"0 1", "abc", "1 0", "2 10 extra"}) {
+    const std::string out = run(bin("hang_demo") + " --bench-overhead " + args + " 2>&1; echo rc=$?");
+    EXPECT_NE(out.find("usage: hang_demo --bench-overhead"), std::string::npos) << args << "\n" << out;
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << args << "\n" << out;
+  }
+}
+
+}  // namespace
