@@ -90,13 +90,25 @@ std::vector<size_t> high_water_of_async_loop(const char* max_queued, std::vector
   EXPECT_TRUE(comms.is_ok()) << comms.status().to_string();
   if (!comms.is_ok()) return {};
   constexpr int kOps = 100;
+  const bool bounded = std::string(max_queued) != "0";
   std::vector<size_t> high(2);
   std::vector<std::string> err(2);
+  std::atomic<int> issued{0};
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
       Comm& c = *(*comms)[r];
-      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (r == 1) {
+        // Rank 1 comes late: once rank 0 has filled its bounded queue and
+        // waits for room, or has queued its whole unbounded loop (up to 10
+        // s). Regression (of the test): a fixed 50 ms, in which a rank 0
+        // kept off its core on a loaded machine issued too few ops.
+        auto& c0 = *(*comms)[0]->impl();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while ((bounded ? c0.queue_full_waits() == 0 : issued.load() < kOps) &&
+               std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       std::vector<float> in(4, static_cast<float>(r + 1)), out(4 * kOps, 0.f);
       Work last;
       for (int i = 0; i < kOps; ++i) {
@@ -106,6 +118,7 @@ std::vector<size_t> high_water_of_async_loop(const char* max_queued, std::vector
           return;
         }
         last = *w;
+        if (r == 0) issued.fetch_add(1);
       }
       Status st = last.wait();
       if (!st.is_ok()) err[r] = st.to_string();
@@ -263,12 +276,17 @@ TEST(CallerRuns, OpAtIssueIsNotQuiescentAndEndsOk) {
   });
   std::thread watch([&] {
     while (!entered) std::this_thread::yield();
-    for (int i = 0; i < 50 && !done; ++i) {
+    while (!done) {
       if (!c0.quiescent()) ++busy_seen;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Rank 1 joins once the watcher has looked 11 times while rank 0's op ran
+  // (or after 10 s). Regression (of the test): a fixed 100 ms, in which a
+  // watcher started late on a loaded machine could look fewer times.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (busy_seen.load() <= 10 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   auto w1 = c1.allreduce(v1.data(), v1.data(), v1.size(), DataType::kFloat32, RedOp::kSum);
   s1 = w1.is_ok() ? w1->wait() : w1.status();
   t0.join();

@@ -455,11 +455,14 @@ TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
         << collective_name(m.coll) << " single copy from " << m.single_copy_bytes
         << " B: an event arrived during a wait and did not end it";
 #if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-    // Stricter where the peer is fast enough: no wait lasts its 50 ms. Under a
-    // sanitizer on a loaded machine (ctest -j2), a peer can go 50 ms without
-    // producing anything (run 18: 8-29 such timeouts beside another TSan test,
-    // none alone); only a missed wake-up (above) is a bug there.
-    EXPECT_EQ(ShmTransport::wait_timeouts() - before, 0u)
+    // Stricter where the peer is fast enough: waits end by their event, not
+    // their 50 ms timeout. A doorbell never rung times out every sleeping
+    // wait (the allreduce: one per late iteration, 10; the broadcasts: one
+    // per 4 KiB of FIFO, hundreds); a peer that lost its core for 50 ms on a
+    // loaded machine times out one now and then (run 18 under a sanitizer
+    // beside another test: 8-29; none alone), so a few are allowed. Only a
+    // missed wake-up (above) is a bug under a sanitizer.
+    EXPECT_LE(ShmTransport::wait_timeouts() - before, 3u)
         << collective_name(m.coll) << " single copy from " << m.single_copy_bytes << " B: waits ended by timeout";
 #endif
   }
@@ -481,38 +484,46 @@ TEST(ShmPaths, HeldDoorbellsArePaidWhileThePhaseWaits) {
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
   using Clock = std::chrono::steady_clock;
   for (size_t count : {size_t{2}, size_t{300}}) {  // int32: a slot, the FIFO
-    Clock::time_point sent, woke;
-    std::vector<std::string> err(2);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r)
-      ts.emplace_back([&, r] {
-        Comm& c = *(*comms)[r];
-        std::vector<int32_t> out(count, 7 + r), in(count, -1);
-        Status st;
-        if (r == 0) {
-          auto w = c.recv(in.data(), count, DataType::kInt32, 1);
-          st = w.is_ok() ? w->wait() : w.status();
-          woke = Clock::now();
-          if (st.is_ok()) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            auto w2 = c.send(out.data(), count, DataType::kInt32, 1);
-            st = w2.is_ok() ? w2->wait() : w2.status();
+    // The fastest of 3 rounds: a held doorbell makes every round ~45 ms late
+    // (rank 0 wakes by its wait's timeout), while one round can be late on a
+    // loaded machine for other reasons (between `sent` and rank 0's return
+    // lie two or three thread hand-offs).
+    double best_ms = 1e9;
+    for (int round = 0; round < 3; ++round) {
+      Clock::time_point sent, woke;
+      std::vector<std::string> err(2);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < 2; ++r)
+        ts.emplace_back([&, r] {
+          Comm& c = *(*comms)[r];
+          std::vector<int32_t> out(count, 7 + r), in(count, -1);
+          Status st;
+          if (r == 0) {
+            auto w = c.recv(in.data(), count, DataType::kInt32, 1);
+            st = w.is_ok() ? w->wait() : w.status();
+            woke = Clock::now();
+            if (st.is_ok()) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+              auto w2 = c.send(out.data(), count, DataType::kInt32, 1);
+              st = w2.is_ok() ? w2->wait() : w2.status();
+            }
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));  // rank 0 is asleep by now
+            c.group_start();
+            (void)c.send(out.data(), count, DataType::kInt32, 0);
+            (void)c.recv(in.data(), count, DataType::kInt32, 0);
+            sent = Clock::now();
+            auto w = c.group_end();
+            st = w.is_ok() ? w->wait() : w.status();
           }
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));  // rank 0 is asleep by now
-          c.group_start();
-          (void)c.send(out.data(), count, DataType::kInt32, 0);
-          (void)c.recv(in.data(), count, DataType::kInt32, 0);
-          sent = Clock::now();
-          auto w = c.group_end();
-          st = w.is_ok() ? w->wait() : w.status();
-        }
-        if (st.is_ok() && in != std::vector<int32_t>(count, 7 + (1 - r))) st = Status(StatusCode::kInternal, "wrong data");
-        if (!st.is_ok()) err[r] = st.to_string();
-      });
-    for (auto& t : ts) t.join();
-    for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r << ", " << count << " elements";
-    const double late_ms = std::chrono::duration<double, std::milli>(woke - sent).count();
+          if (st.is_ok() && in != std::vector<int32_t>(count, 7 + (1 - r))) st = Status(StatusCode::kInternal, "wrong data");
+          if (!st.is_ok()) err[r] = st.to_string();
+        });
+      for (auto& t : ts) t.join();
+      for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r << ", " << count << " elements";
+      best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(woke - sent).count());
+    }
+    const double late_ms = best_ms;
 #if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
     // Woken by the doorbell: well under a millisecond here; by the wait's
     // timeout: ~45 ms. Sanitized on a loaded host a thread can lose its core
