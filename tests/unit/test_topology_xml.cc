@@ -182,6 +182,14 @@ TEST(TopologyImport, NoUsableCpuStillGivesOneNode) {
   EXPECT_EQ(r.value().graph.nodes[0].type, NodeType::kCpu);
 }
 
+// The graph's NVLinks (each once).
+std::vector<TopoLink> nvlinks(const TopoGraph& g) {
+  std::vector<TopoLink> out;
+  for (const TopoLink& l : g.links)
+    if (l.type == LinkType::kNvLink) out.push_back(l);
+  return out;
+}
+
 void expect_round_trip(const TopoGraph& g) {
   std::string xml = write_xml(graph_to_xml(g));
   auto again = graph_from_xml_text(xml, g.source);
@@ -263,14 +271,12 @@ TEST(TopologyImport, NvLinksNvSwitchAndNicsAreModelled) {
   EXPECT_EQ(g.count(NodeType::kNic), 3);
   // dev attributes order the GPUs: GPU0 is 0000:21:00.0.
   EXPECT_EQ(g.nodes[static_cast<size_t>(g.nodes_of(NodeType::kGpu)[0])].busid, "0000:21:00.0");
-  int nvl = 0;
-  for (const TopoLink& l : g.links) {
-    if (l.type != LinkType::kNvLink) continue;
-    ++nvl;
+  const std::vector<TopoLink> nvl = nvlinks(g);
+  for (const TopoLink& l : nvl) {
     double lanes = l.count;
     EXPECT_DOUBLE_EQ(l.bw, lanes * 25.0);
   }
-  EXPECT_EQ(nvl, 3);  // two GPU-NVS links and one direct GPU-GPU link
+  EXPECT_EQ(nvl.size(), 3u);  // two GPU-NVS links and one direct GPU-GPU link
   std::vector<int> nics = g.nodes_of(NodeType::kNic);
   EXPECT_EQ(g.nodes[static_cast<size_t>(nics[0])].name, "eth4");
   EXPECT_DOUBLE_EQ(g.nodes[static_cast<size_t>(nics[0])].net_bw, 50.0);
@@ -304,14 +310,12 @@ TEST(TopologyImport, LinksToSeveralNvSwitchesAddUp) {
   EXPECT_NE(r.value().warnings[0].find("0000:a2:00.0"), std::string::npos) << r.value().warnings[0];
   const TopoGraph& g = r.value().graph;
   EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
-  int nvl = 0;
-  for (const TopoLink& l : g.links) {
-    if (l.type != LinkType::kNvLink) continue;
-    ++nvl;
+  const std::vector<TopoLink> nvl = nvlinks(g);
+  for (const TopoLink& l : nvl) {
     EXPECT_EQ(l.count, 18);
     EXPECT_DOUBLE_EQ(l.bw, 18 * 25.0);
   }
-  EXPECT_EQ(nvl, 1);
+  EXPECT_EQ(nvl.size(), 1u);
   expect_round_trip(g);
 }
 
@@ -340,14 +344,12 @@ TEST(TopologyImport, VmNvLinkSentinelIsAnNvSwitch) {
   EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
   const TopoGraph& g = r.value().graph;
   EXPECT_EQ(g.count(NodeType::kNvSwitch), 1);
-  int nvl = 0;
-  for (const TopoLink& l : g.links) {
-    if (l.type != LinkType::kNvLink) continue;
-    ++nvl;
+  const std::vector<TopoLink> nvl = nvlinks(g);
+  for (const TopoLink& l : nvl) {
     EXPECT_EQ(l.count, 18);
     EXPECT_EQ(g.nodes[static_cast<size_t>(l.b)].type, NodeType::kNvSwitch);
   }
-  EXPECT_EQ(nvl, 2);
+  EXPECT_EQ(nvl.size(), 2u);
   std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
   ASSERT_EQ(gpus.size(), 2u);
   EXPECT_EQ(find_path(g, gpus[0], gpus[1]).type, PathType::kNvLink);
@@ -391,14 +393,12 @@ TEST(TopologyImport, BusIdsCompareByValue) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
   const TopoGraph& g = r.value().graph;
-  int nvl = 0;
-  for (const TopoLink& l : g.links) {
-    if (l.type != LinkType::kNvLink) continue;
-    ++nvl;
+  const std::vector<TopoLink> nvl = nvlinks(g);
+  for (const TopoLink& l : nvl) {
     EXPECT_EQ(l.count, 2);
     EXPECT_DOUBLE_EQ(l.bw, 2 * 25.0);
   }
-  EXPECT_EQ(nvl, 1);
+  EXPECT_EQ(nvl.size(), 1u);
   EXPECT_GE(g.find_busid("0000:2a:00.0", NodeType::kGpu), 0);
   expect_round_trip(g);
 }
@@ -428,15 +428,13 @@ TEST(TopologyImport, NvLinkTargetClassesAsNccl) {
     const TopoGraph& g = r.value().graph;
     EXPECT_EQ(g.count(NodeType::kNvSwitch), 0);
     int cpu = g.nodes_of(NodeType::kCpu)[0];
-    int nvl = 0;
-    for (const TopoLink& l : g.links) {
-      if (l.type != LinkType::kNvLink) continue;
-      ++nvl;
+    const std::vector<TopoLink> nvl = nvlinks(g);
+    for (const TopoLink& l : nvl) {
       EXPECT_TRUE(l.a == cpu || l.b == cpu);
       EXPECT_EQ(l.count, 6);
       EXPECT_DOUBLE_EQ(l.bw, 6 * 25.0);
     }
-    EXPECT_EQ(nvl, 2);
+    EXPECT_EQ(nvl.size(), 2u);
     std::vector<int> gpus = g.nodes_of(NodeType::kGpu);
     EXPECT_EQ(find_path(g, gpus[0], cpu).type, PathType::kNvLink);
     expect_round_trip(g);
