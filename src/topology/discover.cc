@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "cuda/cuda_loader.h"
 #include "cuda/gpu_info.h"
@@ -530,17 +531,10 @@ void dump_system_topology(const TopoGraph& graph, int rank) {
   const char* dump = env_either("LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE");
   if (dump == nullptr) return;
   if (rank >= 0) {
-    long want = 0;
-    if (const char* v = env_either("LOOM_TOPO_DUMP_FILE_RANK", "NCCL_TOPO_DUMP_FILE_RANK")) {
-      char* end = nullptr;
-      want = std::strtol(v, &end, 10);
-      if (end == v || *end != '\0' || want < 0) {
-        topo_warn(std::string("LOOM_TOPO_DUMP_FILE_RANK / NCCL_TOPO_DUMP_FILE_RANK '") + v +
-                  "' is not a rank; rank 0 writes the topology dump");
-        want = 0;
-      }
-    }
-    if (rank != want) return;
+    // The shared reader (a malformed value: WARN ENV once, rank 0), under
+    // whichever of the two names is set (LOOM_ first).
+    const char* name = std::getenv("LOOM_TOPO_DUMP_FILE_RANK") ? "LOOM_TOPO_DUMP_FILE_RANK" : "NCCL_TOPO_DUMP_FILE_RANK";
+    if (rank != env_int(name, 0, 0, INT32_MAX)) return;
   }
   Status st = dump_topology_file(graph, dump);
   if (!st.is_ok()) {
