@@ -44,6 +44,8 @@ const std::vector<Algorithm>& all_algorithms() {
       {"hypercube", Collective::kAllGather, "recursive doubling; fold for non-power-of-two", always,
        hypercube_all_gather},
       {"bruck", Collective::kAllGather, "Bruck's ceil(log2 n) steps, any n", always, bruck_all_gather},
+      {"direct", Collective::kAllGather, "every rank sends its block to every peer at once; nothing forwarded", always,
+       direct_all_gather},
       {"tree", Collective::kBroadcast, "pipelined binary tree from the root", always, tree_broadcast},
       {"binomial", Collective::kBroadcast, "binomial tree, pipelined in chunks", always, binomial_broadcast},
       {"direct", Collective::kBroadcast, "the root sends to every rank at once; nothing forwarded", always,

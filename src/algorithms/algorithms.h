@@ -41,6 +41,7 @@ Result<RankSchedule> chain_reduce(const CollArgs& a);
 Result<RankSchedule> direct_all_to_all(const CollArgs& a);
 Result<RankSchedule> direct_sendrecv(const CollArgs& a);
 Result<RankSchedule> direct_broadcast(const CollArgs& a);
+Result<RankSchedule> direct_all_gather(const CollArgs& a);
 Result<RankSchedule> pairwise_all_to_all(const CollArgs& a);
 // tree.cc
 Result<RankSchedule> tree_allreduce(const CollArgs& a);

@@ -1,12 +1,14 @@
 // Direct family: every rank exchanges with every peer in one phase.
 // all_to_all (each rank sends block j to rank j), broadcast (the root sends
 // to every rank at once) and point-to-point groups.
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "algorithms/algorithms.h"
 #include "algorithms/patterns.h"
+#include "loom/memory.h"
 
 namespace loom {
 
@@ -86,6 +88,48 @@ Result<RankSchedule> direct_broadcast(const CollArgs& a) {
     for (int k = 1; k < n; ++k) p.steps.push_back(patterns::send_step((r + k) % n, {kBufSend, 0}, a.count));
   } else {
     p.steps.push_back(patterns::recv_step(a.root, {kBufRecv, 0}, a.count));
+  }
+  s.phases.push_back(std::move(p));
+  return s;
+}
+
+// All-gather as n stars: every rank sends its own block to every peer and
+// receives every peer's block, all in one phase; nothing is forwarded, and
+// a rank waits on no partner's earlier step (recursive doubling: log2(n)
+// dependent exchanges, each a turn on a core when ranks share them).
+// With more ranks than cores on shm, from CollArgs::stage_min_bytes, the
+// block is first copied once into this rank's scratch and sent from there
+// marked announced (Step::announced): each peer then reads it through a
+// mapping of the scratch, one copy per reader, where a FIFO costs the
+// sender a copy per peer and the reader another. Measured, 2 cores,
+// against recursive doubling through the FIFOs (performance.md Run 35):
+// 8 ranks 1 MiB 210-260 us / 657-910, 4 ranks 4 MiB 403-855 / 1162-1745.
+Result<RankSchedule> direct_all_gather(const CollArgs& a) {
+  const int n = a.nranks, r = a.rank;
+  const size_t c = a.count;
+  RankSchedule s;
+  s.algorithm = "direct";
+  if (c == 0) return s;
+  Phase p;
+  BufRef src{kBufSend, 0};
+  const bool stage = a.oversubscribed && a.stage_min_bytes > 0 && n > 2 && c * dtype_size(a.dt) >= a.stage_min_bytes;
+  if (stage) {
+    // Scratch is mem_alloc memory, which peers can map, only from
+    // kMemAllocMinBytes (core/memory.cc): ask for at least that much.
+    const size_t es = dtype_size(a.dt);
+    s.scratch_count = std::max(c, (kMemAllocMinBytes + es - 1) / es);
+    p.steps.push_back(patterns::copy_step({kBufSend, 0}, {kBufScratch, 0}, c));
+    src = {kBufScratch, 0};
+  }
+  // In place (send == recv + r*c) the executor sees src == dst and skips it;
+  // out of place, no receive writes block r, so the copy overlaps the reads.
+  p.steps.push_back(patterns::overlapped_copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));
+  for (int d = 1; d < n; ++d) {
+    const int to = patterns::mod(r + d, n), from = patterns::mod(r - d, n);
+    p.steps.push_back(patterns::send_step(to, src, c));
+    p.steps.back().announced = stage;
+    p.steps.push_back(patterns::recv_step(from, {kBufRecv, from * c}, c));
+    p.steps.back().announced = stage;
   }
   s.phases.push_back(std::move(p));
   return s;

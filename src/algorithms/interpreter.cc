@@ -17,6 +17,7 @@ struct Message {
   size_t count;
   int phase;
   bool peer_reduces;
+  bool announced;
 };
 
 struct RankState {
@@ -159,7 +160,8 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           if (s.peer < 0 || s.peer >= n || s.peer == r)
             return internal_error(fmt::format("rank {} phase {}: bad peer in '{}'", r, rs.phase, describe(s)));
           LOOM_ASSIGN_OR_RETURN(std::byte * src, resolve(r, s.src, s.count, "send src"));
-          Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase), s.peer_reduces};
+          Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase), s.peer_reduces,
+                  s.announced};
           queues[{r, s.peer}].push_back(std::move(m));
           rs.done[i] = true;
         }
@@ -196,6 +198,11 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
           return internal_error(fmt::format(
               "rank {} phase {}: '{}' matched a send of rank {} (its phase {}) {} marked peer_reduces", r, rs.phase,
               describe(s), s.peer, m.phase, m.peer_reduces ? "wrongly" : "not"));
+        // The same for Step::announced (shm: the header threshold).
+        if (m.announced != s.announced && s.count > 0)
+          return internal_error(fmt::format(
+              "rank {} phase {}: '{}' matched a send of rank {} (its phase {}) {}", r, rs.phase, describe(s), s.peer,
+              m.phase, m.announced ? "marked announced, the receive not" : "not marked announced, the receive is"));
         LOOM_ASSIGN_OR_RETURN(std::byte * dst, resolve(r, s.dst, s.count, "recv dst"));
         if (s.kind == StepKind::kRecv) {
           std::memcpy(dst, m.data.data(), m.data.size());

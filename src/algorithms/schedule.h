@@ -76,6 +76,14 @@ struct Step {
   // own work left (the next op, when ranks share cores) then waits for a
   // reader that may itself be waiting for its turn on a core.
   bool unmapped = false;
+  // Transfers only: the message is announced by a header from a lower size
+  // than the transport's default (shm: kAnnouncedMinBytes instead of the
+  // receiver's hdr_min_bytes), so a sender's scratch (mem_alloc memory) is
+  // read in place through a mapping from there. The two ends pick a
+  // message's path from their own steps, so a send and its receive carry the
+  // same value (the interpreter checks it). Set where a sender stages a block
+  // once for many readers (direct_all_gather with ranks sharing cores).
+  bool announced = false;
   // Transfers only (diag): the op's first send to, or first receive from,
   // this peer; it carries the op's in-band fingerprint (diag/fingerprint.h).
   // Set by mark_first_contacts, once per schedule, so the executor needs no
@@ -149,6 +157,13 @@ struct CollArgs {
   // More ranks on this host than cores (params::oversubscribed): the ranks
   // take turns on the cores. Every rank of a host sees the same value.
   bool oversubscribed = false;
+  // From this many bytes a message announced by its steps (Step::announced)
+  // from the sender's scratch is read in place through a mapping by a peer
+  // on this host (shm with LOOM_SHM_MAP_SHARED on the receiver;
+  // LOOM_SHM_ANNOUNCED_MIN_BYTES): a block staged once in scratch for many
+  // readers then saves the sender a copy per reader. 0 = no shm (sockets).
+  // The same on every rank (settings agreed at init).
+  size_t stage_min_bytes = 0;
 };
 
 // Splits `count` elements into `parts` contiguous blocks whose sizes differ by

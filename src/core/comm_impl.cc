@@ -399,6 +399,15 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   CollArgs args = a;
   args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
   args.oversubscribed = params::oversubscribed(params::ranks_on_host_of(host_of_rank_, rank_, nranks_));
+  {
+    auto mode = parse_transport_mode(params::transport());
+    // Only settings every rank agrees on (agree_settings), so that a send and
+    // its receive mark a message announced alike; a receiver with
+    // LOOM_SHM_MAP_SHARED=0 then takes it through the FIFO (its segment says
+    // so to both ends).
+    const bool shm = mode.is_ok() && *mode != TransportMode::kSocket;
+    args.stage_min_bytes = shm ? std::max<uint64_t>(params::shm_announced_min_bytes(), 1) : 0;
+  }
   const std::vector<std::string> available = runnable_algorithms(args);
   std::string chosen;
   const size_t bytes = a.count * dtype_size(a.dt);  // per-rank count (NCCL's), logged as is
@@ -742,6 +751,8 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_TUNE_BW_GBPS", env_string("LOOM_TUNE_BW_GBPS", "(unset)")},
       {"LOOM_TUNE_REDUCE_GBPS", env_string("LOOM_TUNE_REDUCE_GBPS", "(unset)")},
       {"LOOM_TRANSPORT", params::transport()},
+      // A send and its receive must mark a staged message alike (Step::announced).
+      {"LOOM_SHM_ANNOUNCED_MIN_BYTES", std::to_string(params::shm_announced_min_bytes())},
   };
   const size_t kSettings = mine.size();
   std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);

@@ -95,6 +95,11 @@ std::vector<ParamInfo>& registry() {
        "between oversubscribed ranks: the receiver then reduces straight from the sender's buffer and the "
        "sender copies nothing); 0 = no mapping, process_vm_readv as the thresholds say. The receiving rank's "
        "setting decides. The tuner prices reduce_scatter's partial sums (Loom's scratch) as mapped while it is on."},
+      {"LOOM_SHM_ANNOUNCED_MIN_BYTES", "bytes", "128K",
+       "With more ranks than cores, the direct all_gather stages each rank's block once in its scratch and every "
+       "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "
+       "and out per pair): from this block size on (a reader with LOOM_SHM_MAP_SHARED=0 takes it through the "
+       "FIFO). Larger: no staging below it. Must be the same on every rank (checked at init)."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},
@@ -469,6 +474,10 @@ int shm_shared_copy() { return env_bool("LOOM_SHM_SHARED_COPY", true) ? 1 : 0; }
 int shm_slots() { return env_bool("LOOM_SHM_SLOTS", true) ? 1 : 0; }
 int shm_map_shared() { return env_bool("LOOM_SHM_MAP_SHARED", true) ? 1 : 0; }
 uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
+uint64_t shm_announced_min_bytes() {
+  static const uint64_t v = env_bytes("LOOM_SHM_ANNOUNCED_MIN_BYTES", 128ull << 10);
+  return v;
+}
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int max_queued_ops() { return static_cast<int>(std::max<int64_t>(0, env_int("LOOM_MAX_QUEUED_OPS", 1024))); }  // int range
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }

@@ -90,6 +90,9 @@ int shm_shared_copy();       // LOOM_SHM_SHARED_COPY
 int shm_slots();             // LOOM_SHM_SLOTS (small messages in cache-line slots; 1 = on)
 int shm_map_shared();        // LOOM_SHM_MAP_SHARED (read mem_alloc buffers through a mapping; 1 = on)
 uint64_t shm_map_min_bytes();  // messages from mem_alloc buffers go mapped single copy from this size
+// Announced messages (Step::announced: a block staged once in scratch for
+// many readers) go mapped from this size instead (LOOM_SHM_ANNOUNCED_MIN_BYTES).
+uint64_t shm_announced_min_bytes();
 std::string transport();     // LOOM_TRANSPORT: auto | shm | socket
 int socket_nsocks();         // LOOM_SOCKET_NSOCKS
 int socket_nthreads();       // LOOM_SOCKET_NTHREADS

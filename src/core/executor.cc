@@ -172,6 +172,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         }
         a.conn->set_send_reduced(s.peer_reduces || reduced_class_);
         a.conn->set_send_mappable(!s.unmapped);
+        a.conn->set_send_announced(s.announced);
         // ---- diag: the op's fingerprint goes out before its first bytes to this peer
         if (a.hdr_left) {
           send_fingerprint(a, moved);
@@ -198,6 +199,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
           continue;
         }
         a.conn->set_recv_reduced(s.kind == StepKind::kRecvReduce || reduced_class_);
+        a.conn->set_recv_announced(s.announced);
         // ---- diag: consume and check the peer's fingerprint before its first bytes
         if (a.hdr_left) {
           if (a.coalesced && a.hdr_left == diag::kFingerprintBytes) {

@@ -70,6 +70,11 @@ class Connection {
   // decides (the receiver learns it from the message's header), so the two
   // ends need not agree. Read only when a message starts.
   void set_send_mappable(bool mappable) { send_mappable_ = mappable; }
+  // Step::announced of the next message to start in each direction (both
+  // ends set it from their own steps, so they agree). Read only when a
+  // message starts; transports without headers ignore it.
+  void set_send_announced(bool announced) { send_announced_ = announced; }
+  void set_recv_announced(bool announced) { recv_announced_ = announced; }
   // The executor's hint before a plain receive into host memory: the whole
   // message is large enough (LOOM_COPY_STREAM_BYTES) that recv_into's copies
   // out of the transport take streaming stores (kernels::stream_copy).
@@ -94,6 +99,8 @@ class Connection {
  protected:
   bool send_reduced_ = false;
   bool send_mappable_ = true;
+  bool send_announced_ = false;
+  bool recv_announced_ = false;
   bool recv_reduced_ = false;
   bool recv_stream_ = false;
 };

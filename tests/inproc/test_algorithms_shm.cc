@@ -41,11 +41,14 @@ const Forced kForced[] = {
     {"reduce_scatter:recursive_halving", Collective::kReduceScatter, "rabenseifner"},
     {"all_gather:hypercube", Collective::kAllGather, "hypercube"},
     {"all_gather:bruck", Collective::kAllGather, "bruck"},
+    {"all_gather:direct", Collective::kAllGather, "direct"},
+    {"broadcast:direct", Collective::kBroadcast, "direct"},
     {"broadcast:tree", Collective::kBroadcast, "tree"},
     {"broadcast:binomial", Collective::kBroadcast, "binomial"},
     {"reduce:tree", Collective::kReduce, "tree"},
     {"reduce:binomial", Collective::kReduce, "binomial"},
     {"all_to_all:pairwise", Collective::kAllToAll, "pairwise"},
+    {"all_to_all:direct", Collective::kAllToAll, "direct"},
 };
 
 class ForcedAlgorithm : public ::testing::TestWithParam<std::tuple<int, int>> {};

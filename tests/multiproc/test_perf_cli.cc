@@ -340,6 +340,14 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("this is rank 0, LOOM_TRANSPORT=socket"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("this is rank 2, LOOM_TRANSPORT=auto"), std::string::npos) << t.out;
+  // LOOM_SHM_ANNOUNCED_MIN_BYTES: both ends of a staged all_gather block
+  // take its header threshold from their own steps (Step::announced).
+  Outcome a = run(bin_dir() + "/loomrun -n 3 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 2 ]; then export LOOM_SHM_ANNOUNCED_MIN_BYTES=1M; fi; exec " + bin_dir() +
+                  "/all_gather_perf -b 8M -e 8M -n 1 -w 1 -T 20'");
+  EXPECT_NE(a.rc, 0) << a.out;
+  EXPECT_NE(a.out.find("this is rank 2, LOOM_SHM_ANNOUNCED_MIN_BYTES=1048576"), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find("Timeout"), std::string::npos) << a.out;
 }
 
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0

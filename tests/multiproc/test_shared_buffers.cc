@@ -427,6 +427,47 @@ TEST(SingleCopyClass, OversubscribedStoredMessagesGoThroughTheFifo) {
   count_single_copies(Collective::kAllGather, nullptr, false, cpus + 1, nullptr);
 }
 
+// With more ranks than cores the direct all_gather stages a rank's block
+// once in its scratch (Loom's mem_alloc memory) and every peer reads it from
+// there through a mapping: each rank reads n-1 blocks mapped, from heap user
+// buffers, where the FIFO would cost its sender a copy per peer. Below
+// LOOM_SHM_ANNOUNCED_MIN_BYTES, or with mapping off at the receivers, the
+// same schedule goes through the FIFOs, and the results are right either way
+// (run_case checks every element).
+void staged_all_gather(const char* map_shared, const char* announced_min, bool expect_mapped) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cpus > 3) GTEST_SKIP() << cpus << " CPUs: " << cpus + 1 << " processes would be too many for this test";
+  const int n = cpus + 1;
+  setenv("LOOM_ALGO", "all_gather:direct", 1);
+  setenv("LOOM_SHM_ANNOUNCED_MIN_BYTES", announced_min, 1);
+  run_ranks(n, [n, expect_mapped](int r, Comm& comm, std::string* err) {
+    testing::Case cs;
+    cs.coll = Collective::kAllGather;
+    // 128 KiB of floats per block, the default threshold, on a fresh
+    // communicator: its scratch must still be mem_alloc memory (from 256 KiB,
+    // core/memory.cc). Regression: a 128 KiB scratch was private memory and
+    // the staged blocks went through the FIFOs after all.
+    cs.count = size_t{1} << 15;
+    for (bool in_place : {false, true}) {
+      cs.in_place = in_place;
+      const uint64_t mapped0 = ShmTransport::mapped_messages();
+      if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
+      const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
+      const uint64_t want = expect_mapped ? static_cast<uint64_t>(n - 1) : 0;
+      if (mapped != want)
+        return *err = "rank " + std::to_string(r) + (in_place ? " in place" : "") + ": " + std::to_string(mapped) +
+                      " blocks read through a mapping, expected " + std::to_string(want),
+               false;
+    }
+    return true;
+  }, map_shared, nullptr);
+  unsetenv("LOOM_ALGO");
+  unsetenv("LOOM_SHM_ANNOUNCED_MIN_BYTES");
+}
+TEST(SharedBuffers, OversubscribedDirectAllGatherReadsStagedBlocksMapped) { staged_all_gather("1", "128K", true); }
+TEST(SharedBuffers, BelowTheAnnouncedSizeTheStagedBlocksGoThroughTheFifo) { staged_all_gather("1", "512K", false); }
+TEST(SharedBuffers, MappingOffTheStagedBlocksGoThroughTheFifo) { staged_all_gather("0", "128K", false); }
+
 // Every rank lays out its segment and reads its peers' with its own
 // LOOM_SHM_FIFO_BYTES. Ranks that disagree (one launcher's environment set
 // it) must all fail at setup, naming the variable. Regression: with 3 ranks

@@ -396,6 +396,52 @@ TEST(AlgorithmProps, RecursiveStepCounts) {
       EXPECT_EQ(phases("bruck", Collective::kAllGather, n, r), static_cast<size_t>(patterns::log2_exact(n)));
 }
 
+// The direct all-gather forwards nothing: one phase in which rank r sends its
+// own input to every peer and receives block j straight from rank j, once
+// per peer, and copies its own block with an overlapped local step (skipped
+// by the executor in place, where it is the identity).
+TEST(AlgorithmProps, DirectAllGatherTakesEveryBlockFromItsOwner) {
+  for (int n = 2; n <= 9; ++n) {
+    for (bool in_place : {false, true}) {
+      for (int r = 0; r < n; ++r) {
+        CollArgs a;
+        a.coll = Collective::kAllGather;
+        a.count = 5;
+        a.nranks = n;
+        a.rank = r;
+        a.in_place = in_place;
+        auto s = make_schedule(a, "direct");
+        ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+        ASSERT_EQ(s->phases.size(), 1u) << "n=" << n;
+        std::vector<int> sent(n, 0), got(n, 0);
+        int copies = 0;
+        for (const Step& st : s->phases[0].steps) {
+          if (st.kind == StepKind::kSend) {
+            EXPECT_EQ(st.src.buf, kBufSend);
+            EXPECT_EQ(st.src.offset, 0u);
+            EXPECT_EQ(st.count, 5u);
+            ++sent[st.peer];
+          } else if (st.kind == StepKind::kRecv) {
+            EXPECT_EQ(st.dst.buf, kBufRecv);
+            EXPECT_EQ(st.dst.offset, static_cast<size_t>(st.peer) * 5) << "block of rank " << st.peer;
+            ++got[st.peer];
+          } else {
+            ASSERT_EQ(st.kind, StepKind::kCopy);
+            EXPECT_TRUE(st.overlap);
+            EXPECT_EQ(st.dst.offset, static_cast<size_t>(r) * 5);
+            ++copies;
+          }
+        }
+        EXPECT_EQ(copies, 1);
+        for (int j = 0; j < n; ++j) {
+          EXPECT_EQ(sent[j], j == r ? 0 : 1) << "n=" << n << " rank " << r << " to " << j;
+          EXPECT_EQ(got[j], j == r ? 0 : 1) << "n=" << n << " rank " << r << " from " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(AlgorithmProps, SupportsRejectsWhatItCannotServe) {
   CollArgs a;
   a.coll = Collective::kAllReduce;

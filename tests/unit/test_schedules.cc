@@ -249,6 +249,22 @@ TEST(Interpreter, ChecksThatSendAndReceiveAgreeOnReduction) {
   EXPECT_TRUE(run(snd, rcv).is_ok());
 }
 
+// Step::announced moves a message's header threshold on both ends (shm),
+// each end from its own step: a send and its receive must carry the same.
+TEST(Interpreter, ChecksThatSendAndReceiveAgreeOnAnnouncement) {
+  Step snd{StepKind::kSend, 1, {kBufSend, 0}, {}, {}, 4};
+  Step rcv{StepKind::kRecv, 0, {}, {}, {kBufRecv, 0}, 4};
+  Step asnd = snd, arcv = rcv;
+  asnd.announced = arcv.announced = true;
+  Status st = interpret_pair({asnd}, {rcv});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("marked announced, the receive not"), std::string::npos) << st.to_string();
+  st = interpret_pair({snd}, {arcv});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not marked announced, the receive is"), std::string::npos) << st.to_string();
+  EXPECT_TRUE(interpret_pair({asnd}, {arcv}).is_ok());
+}
+
 // An overlapped copy (Step::overlap) runs while the phase's transfers are in
 // flight: writing what a send reads, or reading what a receive writes, is a
 // race the interpreter must reject; a copy clear of them is accepted.

@@ -214,6 +214,8 @@ struct ShmTransport::Segment {
   // through a mapping), else a kInlineMagic marker before the bytes in the
   // FIFO. UINT64_MAX: no such messages (mapping off or not permitted).
   uint64_t hdr_min_bytes;
+  // The same for announced messages (Step::announced), when headers are on.
+  uint64_t announced_min_bytes;
   uint64_t cma_probe_addr;  // address of a word holding kCmaMagic, for peers' probe
 
   FifoCtl* ctl(int from) {
@@ -458,6 +460,14 @@ class ShmConnection final : public Connection {
     return reduced ? receiver->cma_xproc_threshold : receiver->cma_plain_xproc_threshold;
   }
 
+  // The size from which a message to `receiver` starts with a header (both
+  // ends compute it alike): the receiver's hdr_min_bytes, or for an announced
+  // message (Step::announced) kAnnouncedMinBytes where headers are on at all.
+  static uint64_t header_threshold(const ShmTransport::Segment* receiver, bool announced) {
+    const uint64_t h = receiver->hdr_min_bytes;
+    return announced && h != UINT64_MAX ? std::min(h, receiver->announced_min_bytes) : h;
+  }
+
   size_t send_some(const std::byte* src, size_t msg_remaining) override {
     if (out_total_ == 0) {  // a new message starts
       out_total_ = msg_remaining;
@@ -465,7 +475,7 @@ class ShmConnection final : public Connection {
       out_cma_ = msg_remaining >= single_copy_threshold(peer_, send_reduced_);
       // Past the receiver's hdr_min_bytes a message the thresholds leave to
       // the FIFO is announced by a header: a descriptor if it can be mapped.
-      out_hdr_ = !out_cma_ && msg_remaining >= peer_->hdr_min_bytes;
+      out_hdr_ = !out_cma_ && msg_remaining >= header_threshold(peer_, send_announced_);
       out_ref_ = (out_cma_ || (out_hdr_ && send_mappable_)) ? shared_buffers::find(src, msg_remaining) : std::nullopt;
       if (out_hdr_ && out_ref_) out_cma_ = true, out_hdr_ = false;
       out_slot_ = !out_cma_ && !out_hdr_ && msg_remaining <= peer_->slot_max_bytes;
@@ -489,7 +499,8 @@ class ShmConnection final : public Connection {
   // message that would wrap the FIFO go through send_some.
   size_t send_gather(const std::byte* head, size_t head_len, const std::byte* body, size_t body_len) override {
     const size_t total = head_len + body_len;
-    if (out_total_ != 0 || total >= single_copy_threshold(peer_, send_reduced_) || total >= peer_->hdr_min_bytes)
+    if (out_total_ != 0 || total >= single_copy_threshold(peer_, send_reduced_) ||
+        total >= header_threshold(peer_, send_announced_))
       return kNoGather;
     if (total <= peer_->slot_max_bytes) {
       Slot* slot = free_slot();
@@ -829,7 +840,7 @@ class ShmConnection final : public Connection {
     in_done_ = 0;
     read_end_ = SIZE_MAX;
     in_cma_ = msg_remaining >= single_copy_threshold(self_, recv_reduced_);
-    in_hdr_ = !in_cma_ && msg_remaining >= self_->hdr_min_bytes;  // resolved by resolve_header()
+    in_hdr_ = !in_cma_ && msg_remaining >= header_threshold(self_, recv_announced_);  // resolved by resolve_header()
     in_slot_ = !in_cma_ && !in_hdr_ && msg_remaining <= self_->slot_max_bytes;
     have_desc_ = false;
   }
@@ -1162,6 +1173,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   self->slot_max_bytes = params::shm_slots() ? kSlotPayload : 0;
   self->cma_plain_xproc_threshold = single_copy_plain_xproc ? single_copy_plain_xproc : UINT64_MAX;
   self->hdr_min_bytes = params::shm_map_shared() ? params::shm_map_min_bytes() : UINT64_MAX;
+  self->announced_min_bytes = params::shm_announced_min_bytes();
   self->cma_probe_addr = reinterpret_cast<uint64_t>(&t->cma_probe_);
   for (int i = 0; i < n; ++i) {
     new (&self->ctl(i)->tail) std::atomic<uint64_t>(0);
