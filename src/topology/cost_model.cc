@@ -761,9 +761,31 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
             t += worst;
           }
           break;
-        case AlgoKind::kDirect:
-          t = x.direct_alpha() + (pp - 1) * x.move(n / pp, x.direct_beta(), Land::kStore);
+        case AlgoKind::kDirect: {
+          const double m = n / pp;
+          if (core_bound(c, p) && c.stage_min_bytes > 0 && m >= static_cast<double>(c.stage_min_bytes)) {
+            // Staged (direct.cc): the block copied once into scratch, then
+            // each peer's block read through a mapping, one copy per byte
+            // (the FIFO's beta prices two). Measured, 2 cores, -z 1, us, 3
+            // alternated rounds (performance.md Run 35), staged direct
+            // against recursive doubling through the FIFOs: 8 ranks 1 MiB
+            // 210-260 / 657-910, 4 MiB 1268-2019 / 3746-5894, 16 MiB
+            // 7641-11070 / 13593-19279; 4 ranks 1 MiB 113-132 / 182-281,
+            // 4 MiB 403-855 / 1162-1745; 6 ranks 1 MiB 158-180 / 410-481.
+            const double copy = x.all().beta_us_per_byte * c.single_copy_factor;
+            t = x.direct_alpha() + m * copy +
+                (pp - 1) * (c.single_copy_alpha_us + m * x.peers().beta_us_per_byte * c.single_copy_factor);
+          } else if (core_bound(c, p)) {
+            t = x.direct_alpha() + (pp - 1) * x.move(m, x.direct_beta(), Land::kStore);
+          } else {
+            // Measured only with ranks sharing cores (above; through the
+            // FIFOs, 8 ranks 64-256 KiB, 0.73-0.96 of recursive doubling in
+            // one process, --ab). Elsewhere (a CPU per rank, GPUs, several
+            // hosts) it is left to LOOM_ALGO rather than to a guess.
+            return std::nullopt;
+          }
           break;
+        }
         default: return std::nullopt;
       }
       block_chunk();

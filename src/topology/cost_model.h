@@ -152,6 +152,12 @@ struct CommCost {
   // two-shot (4 of 7 peers across) 0.78-0.88 / 1.01 / 0.82, Rabenseifner
   // (the two big steps within) 0.48-0.60 / 0.84 / 0.53. 1 = placement-blind.
   double same_core_beta_factor = 0.5;
+  // Oversubscribed on one host with mappings on: the direct all_gather stages
+  // a rank's block of at least this many bytes once in its scratch and every
+  // peer reads it from there through a mapping (direct.cc; 0 = never): one
+  // copy in plus one per reader, where the FIFO costs a copy in and one out
+  // per pair (LOOM_SHM_ANNOUNCED_MIN_BYTES).
+  size_t stage_min_bytes = 0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };

@@ -203,6 +203,7 @@ CommCost Tuner::derive_cost(int nranks) const {
       // partial sums) stays within 7% of the best at 256K-4M.
       // With a CPU per rank: not measured here; the reads stay free.
       if (c.oversubscribed) c.mapped_factor = 1.0;
+      if (c.oversubscribed) c.stage_min_bytes = params::shm_announced_min_bytes();
     }
   }
   for (int i : reps) {

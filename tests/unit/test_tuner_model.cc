@@ -565,6 +565,8 @@ TEST(TunerModel, TimesGrowWithSize) {
   for (int ci = 0; ci < kNumCollectives; ++ci) {
     Collective coll = static_cast<Collective>(ci);
     for (AlgoKind a : algos_for(coll)) {
+      // Priced only with ranks sharing cores (DirectAllGatherOnlyWhereMeasured).
+      if (a == AlgoKind::kDirect && coll == Collective::kAllGather) continue;
       double prev = -1;
       for (size_t n = 1; n <= (1u << 30); n *= 4) {
         auto e = estimate(a, coll, n, 8, c);
@@ -875,6 +877,40 @@ TEST(TunerModel, OversubscribedFoldRoundsUseTheMembers) {
   // The ring's closing pair (5, 0) is across too; 3 ranks: (2, 0) is within.
   EXPECT_NEAR(hand_off_part(AlgoKind::kRing, Collective::kAllGather, 6, 1, 100), 2 * 5 * 1, 1e-9);
   EXPECT_NEAR(hand_off_part(AlgoKind::kRing, Collective::kAllGather, 3, 1, 100), 0.5 * 2 * 100, 1e-9);
+}
+
+// The direct all_gather is priced where it was measured, with ranks sharing
+// cores: there, from the staging size on (CommCost::stage_min_bytes), each
+// block is copied once into scratch and read once per peer through a mapping
+// (one copy per byte, not the FIFO's two), so it beats recursive doubling
+// and the ring (measured 8 ranks on 2 cores 1 MiB 210-260 us against 657-910
+// for recursive doubling, Open MPI 513-573; performance.md Run 35); below
+// it through the FIFOs as before. Elsewhere (a CPU per rank, GPUs, several
+// hosts) the model has no estimate and never picks it; LOOM_ALGO still can.
+TEST(TunerModel, DirectAllGatherOnlyWhereMeasured) {
+  CommCost c = oversubscribed_uniform(8);
+  c.stage_min_bytes = 64 << 10;
+  c.single_copy_alpha_us = 1.0;
+  const size_t staged = size_t{8} * (64 << 10);  // 8 blocks of 64 KiB
+  for (size_t n : {staged, staged * 4, staged * 64}) {
+    const double d = est(AlgoKind::kDirect, Collective::kAllGather, n, 8, c);
+    EXPECT_LT(d, est(AlgoKind::kHypercube, Collective::kAllGather, n, 8, c)) << n;
+    EXPECT_LT(d, est(AlgoKind::kRing, Collective::kAllGather, n, 8, c)) << n;
+    EXPECT_LT(d, est(AlgoKind::kBruck, Collective::kAllGather, n, 8, c)) << n;
+  }
+  // Below the staging size the FIFO price: without staging at all, the same.
+  CommCost fifo = c;
+  fifo.stage_min_bytes = 0;
+  EXPECT_EQ(est(AlgoKind::kDirect, Collective::kAllGather, staged / 2, 8, c),
+            est(AlgoKind::kDirect, Collective::kAllGather, staged / 2, 8, fifo));
+  EXPECT_GT(est(AlgoKind::kDirect, Collective::kAllGather, staged, 8, fifo),
+            est(AlgoKind::kDirect, Collective::kAllGather, staged, 8, c));
+  // A rank per core (or unknown cores): no estimate, so the tuner keeps to
+  // what it measured there.
+  for (CommCost other : {uniform(8), oversubscribed_uniform(8, 0), oversubscribed_uniform(8, 8)}) {
+    other.stage_min_bytes = 64 << 10;
+    EXPECT_FALSE(estimate(AlgoKind::kDirect, Collective::kAllGather, staged, 8, other).has_value());
+  }
 }
 
 // The hand-off probe's round times become per-rank hand-off costs: the
