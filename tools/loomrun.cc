@@ -33,6 +33,7 @@ namespace {
 volatile sig_atomic_t g_signal = 0;
 constexpr long kMaxRanks = 4096;              // ranks on one host
 constexpr double kMaxGraceSeconds = 86400;    // a day; also keeps the deadline arithmetic in range
+constexpr int kTermToKillSeconds = 2;         // from SIGTERM to SIGKILL for a rank still running
 void on_signal(int sig) { g_signal = sig; }
 
 void usage(FILE* out) {
@@ -79,6 +80,7 @@ struct Rank {
   Stream io[2];  // stdout, stderr
   bool exited = false;
   int status = 0;
+  int signalled = 0;  // the last signal loomrun sent the rank's group: 0, SIGTERM or SIGKILL
   bool open() const { return io[0].fd >= 0 || io[1].fd >= 0; }
 };
 
@@ -92,6 +94,16 @@ std::string describe_exit(int status) {
 }
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// How a rank that loomrun asked to stop ended: by loomrun's own signal, or by
+// itself (a handler that exits 0 or with a code of its own, another signal)
+// after the SIGTERM. Regression: all of them read "terminated by loomrun".
+std::string describe_stopped(const Rank& r) {
+  if (WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGTERM) return "killed by loomrun's SIGTERM";
+  if (WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGKILL && r.signalled == SIGKILL)
+    return "killed by loomrun's SIGKILL (still running " + std::to_string(kTermToKillSeconds) + " s after SIGTERM)";
+  return describe_exit(r.status) + " after loomrun's SIGTERM";
+}
 
 void flush_lines(Stream& r, int rank, bool prefix, bool final) {
   size_t pos;
@@ -326,7 +338,6 @@ int main(int argc, char** argv) {
   Clock::time_point kill_at{}, hard_kill_at{};
   bool term_sent = false, kill_sent = false;
   int alive = n;
-  std::vector<int> killed_by_us;
   Clock::time_point all_exited_at{};
   while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.open(); })) {
     // Once every rank has exited, a grandchild still holding the output pipe
@@ -387,13 +398,16 @@ int main(int argc, char** argv) {
         for (int r = 0; r < n; ++r)
           if (!ranks[r].exited) {
             kill(-ranks[r].pid, SIGTERM);
-            killed_by_us.push_back(r);
+            ranks[r].signalled = SIGTERM;
           }
         term_sent = true;
-        hard_kill_at = now + std::chrono::seconds(2);
+        hard_kill_at = now + std::chrono::seconds(kTermToKillSeconds);
       } else if (term_sent && !kill_sent && now >= hard_kill_at) {
         for (int r = 0; r < n; ++r)
-          if (!ranks[r].exited) kill(-ranks[r].pid, SIGKILL);
+          if (!ranks[r].exited) {
+            kill(-ranks[r].pid, SIGKILL);
+            ranks[r].signalled = SIGKILL;
+          }
         kill_sent = true;
       }
     }
@@ -409,8 +423,7 @@ int main(int argc, char** argv) {
   std::string others;
   for (int r = 0; r < n; ++r) {
     if (r == first_failed) continue;
-    bool ours = std::find(killed_by_us.begin(), killed_by_us.end(), r) != killed_by_us.end();
-    if (ours) others += (others.empty() ? "" : ", ") + std::to_string(r) + " terminated by loomrun";
+    if (ranks[r].signalled) others += (others.empty() ? "" : ", ") + std::to_string(r) + " " + describe_stopped(ranks[r]);
     else if (failed(ranks[r].status)) others += (others.empty() ? "" : ", ") + std::to_string(r) + " " + describe_exit(ranks[r].status);
   }
   if (!others.empty()) summary += "; other ranks: " + others;

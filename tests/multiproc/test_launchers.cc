@@ -129,7 +129,38 @@ TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
   EXPECT_LT(secs, 20) << "loomrun did not end the other ranks";
   EXPECT_NE(out.find("loomrun: rank 1"), std::string::npos) << out;
   EXPECT_NE(out.find("exited with code 3"), std::string::npos) << out;
-  EXPECT_NE(out.find("0 terminated by loomrun"), std::string::npos) << out;
+  EXPECT_NE(out.find("other ranks: 0 killed by loomrun's SIGTERM, 2 killed by loomrun's SIGTERM"), std::string::npos)
+      << out;
+}
+
+// The summary says how each rank that loomrun asked to stop ended: killed by
+// the SIGTERM, killed by the SIGKILL that follows, or exited by itself (a
+// handler's exit 0 or code of its own) after the SIGTERM. Regression: every
+// one read "terminated by loomrun", even a rank that exited 0 on its own.
+TEST(Loomrun, SummarySaysHowEachStoppedRankEnded) {
+  char dir[] = "/tmp/loom-test-stopped-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  // Ranks 1-4 say they are ready (their traps set) with a file each; rank 0
+  // fails once all four are there (20 s at most), and --grace 0 sends the
+  // SIGTERM at once. Rank 1 exits 0 on it, rank 2 exits 5, rank 3 dies of
+  // it, rank 4 ignores it (and so does its sleep) until the SIGKILL.
+  auto [rc, out] = run(build_dir() + "/bin/loomrun -n 5 --grace 0 sh -c '"
+                       "case $LOOM_RANK in "
+                       "0) i=0; while [ $(ls " + d + " | wc -l) -lt 4 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done;"
+                       " exit 3;; "
+                       "1) trap \"exit 0\" TERM;; 2) trap \"exit 5\" TERM;; 4) trap \"\" TERM;; esac; "
+                       "touch " + d + "/$LOOM_RANK; sleep 60 & wait'");
+  run("rm -rf " + d);
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_NE(out.find("loomrun: rank 0 (pid "), std::string::npos) << out;
+  EXPECT_NE(out.find(") exited with code 3; other ranks: "
+                     "1 exited with code 0 after loomrun's SIGTERM, "
+                     "2 exited with code 5 after loomrun's SIGTERM, "
+                     "3 killed by loomrun's SIGTERM, "
+                     "4 killed by loomrun's SIGKILL (still running 2 s after SIGTERM)\n"),
+            std::string::npos)
+      << out;
 }
 
 // loomrun ended by a hang-up (a closed terminal or ssh session) or killed
