@@ -35,6 +35,9 @@ constexpr long kMaxRanks = 4096;              // ranks on one host
 constexpr double kMaxGraceSeconds = 86400;    // a day; also keeps the deadline arithmetic in range
 constexpr int kTermToKillSeconds = 2;         // from SIGTERM to SIGKILL for a rank still running
 void on_signal(int sig) { g_signal = sig; }
+// The signals loomrun catches; with SIGPIPE, which it ignores, the ones a rank
+// gets back at their defaults before exec.
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 void usage(FILE* out) {
   fprintf(out,
@@ -255,10 +258,7 @@ int main(int argc, char** argv) {
   // Hang-up (a closed terminal or ssh session) and quit end the ranks like
   // interrupt and terminate do. Regression: they killed loomrun alone and
   // left the ranks (in process groups of their own) running as orphans.
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
-  signal(SIGHUP, on_signal);
-  signal(SIGQUIT, on_signal);
+  for (int sig : kHandledSignals) signal(sig, on_signal);
   signal(SIGPIPE, SIG_IGN);
   const pid_t launcher = getpid();
 
@@ -295,9 +295,21 @@ int main(int argc, char** argv) {
       close(fds[1]);
       return give_up("loomrun: pipe", r);
     }
+    // Every signal is blocked from before the fork until the child has put
+    // loomrun's dispositions back to the defaults: a SIGTERM that reaches a
+    // rank still between fork and exec (another rank failed at once, or
+    // loomrun was interrupted) then waits, and ends it as soon as it unblocks.
+    // Regression: loomrun's handler, inherited, took that SIGTERM in the
+    // child, and the program ran until the SIGKILL 2 s later.
+    sigset_t all, parent_mask;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &parent_mask);
     pid_t pid = fork();
+    if (pid != 0) sigprocmask(SIG_SETMASK, &parent_mask, nullptr);
     if (pid < 0) return give_up("loomrun: fork", r);
     if (pid == 0) {
+      // loomrun is single-threaded and no handler can run here, so the
+      // allocations below (setenv, to_string) are safe after fork.
       // Own process group: ending a rank ends whatever it started too.
       setpgid(0, 0);
       // If loomrun itself dies (SIGKILL, a crash), the rank goes with it
@@ -317,9 +329,14 @@ int main(int argc, char** argv) {
       setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("LOOM_ROOT_ADDR", root, 1);
       setenv("LOOM_SECRET", sec, 1);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
+      for (int sig : kHandledSignals) signal(sig, SIG_DFL);
       signal(SIGPIPE, SIG_DFL);
+      // No signal blocked, as mpirun starts its ranks (Open MPI's odls
+      // unblocks all): not even one blocked where loomrun was started, since
+      // loomrun's SIGTERM must be able to end the rank.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
       execvp(argv[i], argv + i);
       fprintf(stderr, "loomrun: cannot execute %s: %s\n", argv[i], strerror(errno));
       _exit(127);

@@ -163,6 +163,22 @@ TEST(Loomrun, SummarySaysHowEachStoppedRankEnded) {
       << out;
 }
 
+// A rank still between fork and exec when another rank fails (--grace 0:
+// the SIGTERM comes at once) is ended by that SIGTERM before its program
+// starts. Regression: the child still had loomrun's SIGTERM handler there,
+// which took the signal; the program then ran until the SIGKILL 2 s later.
+// tests/common/hold_before_exec.cc holds rank 1 in that window until a
+// signal reaches it.
+TEST(Loomrun, RankStillStartingWhenAnotherFailsEndsBySigterm) {
+  const std::string preload = build_dir() + "/tests/mock/libloom_hold_before_exec.so";
+  if (access(preload.c_str(), R_OK) != 0) GTEST_SKIP() << "no " << preload << " (sanitizer build)";
+  auto [rc, out] = run("env LD_PRELOAD=" + preload + " LOOM_TEST_HOLD_RANK=1 " + build_dir() +
+                       "/bin/loomrun -n 2 --grace 0 sh -c 'if [ $LOOM_RANK = 0 ]; then exit 3; fi; echo started; exec sleep 60'");
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_EQ(out.find("[1] started"), std::string::npos) << "rank 1's program ran after loomrun's SIGTERM\n" << out;
+  EXPECT_NE(out.find(") exited with code 3; other ranks: 1 killed by loomrun's SIGTERM\n"), std::string::npos) << out;
+}
+
 // loomrun ended by a hang-up (a closed terminal or ssh session) or killed
 // outright takes its ranks with it. Regression: only INT and TERM were
 // handled and the ranks, in process groups of their own, kept running as
