@@ -33,7 +33,11 @@ namespace {
 volatile sig_atomic_t g_signal = 0;
 constexpr long kMaxRanks = 4096;              // ranks on one host
 constexpr double kMaxGraceSeconds = 86400;    // a day; also keeps the deadline arithmetic in range
+constexpr int kTermToKillSeconds = 2;         // from SIGTERM to SIGKILL for a rank still running
 void on_signal(int sig) { g_signal = sig; }
+// The signals loomrun catches; with SIGPIPE, which it ignores, the ones a rank
+// gets back at their defaults before exec.
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 void usage(FILE* out) {
   fprintf(out,
@@ -79,6 +83,7 @@ struct Rank {
   Stream io[2];  // stdout, stderr
   bool exited = false;
   int status = 0;
+  int signalled = 0;  // the last signal loomrun sent the rank's group: 0, SIGTERM or SIGKILL
   bool open() const { return io[0].fd >= 0 || io[1].fd >= 0; }
 };
 
@@ -92,6 +97,16 @@ std::string describe_exit(int status) {
 }
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// How a rank that loomrun asked to stop ended: by loomrun's own signal, or by
+// itself (a handler that exits 0 or with a code of its own, another signal)
+// after the SIGTERM. Regression: all of them read "terminated by loomrun".
+std::string describe_stopped(const Rank& r) {
+  if (WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGTERM) return "killed by loomrun's SIGTERM";
+  if (WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGKILL && r.signalled == SIGKILL)
+    return "killed by loomrun's SIGKILL (still running " + std::to_string(kTermToKillSeconds) + " s after SIGTERM)";
+  return describe_exit(r.status) + " after loomrun's SIGTERM";
+}
 
 void flush_lines(Stream& r, int rank, bool prefix, bool final) {
   size_t pos;
@@ -243,10 +258,7 @@ int main(int argc, char** argv) {
   // Hang-up (a closed terminal or ssh session) and quit end the ranks like
   // interrupt and terminate do. Regression: they killed loomrun alone and
   // left the ranks (in process groups of their own) running as orphans.
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
-  signal(SIGHUP, on_signal);
-  signal(SIGQUIT, on_signal);
+  for (int sig : kHandledSignals) signal(sig, on_signal);
   signal(SIGPIPE, SIG_IGN);
   const pid_t launcher = getpid();
 
@@ -283,9 +295,21 @@ int main(int argc, char** argv) {
       close(fds[1]);
       return give_up("loomrun: pipe", r);
     }
+    // Every signal is blocked from before the fork until the child has put
+    // loomrun's dispositions back to the defaults: a SIGTERM that reaches a
+    // rank still between fork and exec (another rank failed at once, or
+    // loomrun was interrupted) then waits, and ends it as soon as it unblocks.
+    // Regression: loomrun's handler, inherited, took that SIGTERM in the
+    // child, and the program ran until the SIGKILL 2 s later.
+    sigset_t all, parent_mask;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &parent_mask);
     pid_t pid = fork();
+    if (pid != 0) sigprocmask(SIG_SETMASK, &parent_mask, nullptr);
     if (pid < 0) return give_up("loomrun: fork", r);
     if (pid == 0) {
+      // loomrun is single-threaded and no handler can run here, so the
+      // allocations below (setenv, to_string) are safe after fork.
       // Own process group: ending a rank ends whatever it started too.
       setpgid(0, 0);
       // If loomrun itself dies (SIGKILL, a crash), the rank goes with it
@@ -305,9 +329,14 @@ int main(int argc, char** argv) {
       setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("LOOM_ROOT_ADDR", root, 1);
       setenv("LOOM_SECRET", sec, 1);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
+      for (int sig : kHandledSignals) signal(sig, SIG_DFL);
       signal(SIGPIPE, SIG_DFL);
+      // No signal blocked, as mpirun starts its ranks (Open MPI's odls
+      // unblocks all): not even one blocked where loomrun was started, since
+      // loomrun's SIGTERM must be able to end the rank.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
       execvp(argv[i], argv + i);
       fprintf(stderr, "loomrun: cannot execute %s: %s\n", argv[i], strerror(errno));
       _exit(127);
@@ -326,7 +355,6 @@ int main(int argc, char** argv) {
   Clock::time_point kill_at{}, hard_kill_at{};
   bool term_sent = false, kill_sent = false;
   int alive = n;
-  std::vector<int> killed_by_us;
   Clock::time_point all_exited_at{};
   while (alive > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.open(); })) {
     // Once every rank has exited, a grandchild still holding the output pipe
@@ -387,13 +415,16 @@ int main(int argc, char** argv) {
         for (int r = 0; r < n; ++r)
           if (!ranks[r].exited) {
             kill(-ranks[r].pid, SIGTERM);
-            killed_by_us.push_back(r);
+            ranks[r].signalled = SIGTERM;
           }
         term_sent = true;
-        hard_kill_at = now + std::chrono::seconds(2);
+        hard_kill_at = now + std::chrono::seconds(kTermToKillSeconds);
       } else if (term_sent && !kill_sent && now >= hard_kill_at) {
         for (int r = 0; r < n; ++r)
-          if (!ranks[r].exited) kill(-ranks[r].pid, SIGKILL);
+          if (!ranks[r].exited) {
+            kill(-ranks[r].pid, SIGKILL);
+            ranks[r].signalled = SIGKILL;
+          }
         kill_sent = true;
       }
     }
@@ -409,8 +440,7 @@ int main(int argc, char** argv) {
   std::string others;
   for (int r = 0; r < n; ++r) {
     if (r == first_failed) continue;
-    bool ours = std::find(killed_by_us.begin(), killed_by_us.end(), r) != killed_by_us.end();
-    if (ours) others += (others.empty() ? "" : ", ") + std::to_string(r) + " terminated by loomrun";
+    if (ranks[r].signalled) others += (others.empty() ? "" : ", ") + std::to_string(r) + " " + describe_stopped(ranks[r]);
     else if (failed(ranks[r].status)) others += (others.empty() ? "" : ", ") + std::to_string(r) + " " + describe_exit(ranks[r].status);
   }
   if (!others.empty()) summary += "; other ranks: " + others;
