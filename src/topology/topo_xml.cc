@@ -214,8 +214,7 @@ class Importer {
   double pci_link_bw(const XmlElement& el) {
     const std::string* sp = el.attr("link_speed");
     const std::string* wd = el.attr("link_width");
-    // sysfs says "Unknown" (older kernels "Unknown speed") when it cannot tell.
-    if (sp == nullptr || wd == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return kDefaultPciBw;
+    if (wd == nullptr) return kDefaultPciBw;
     long width = 0;
     if (!parse_long(*wd, 0, 32, width)) {
       warn(el, "<pci> link_width '" + *wd + "' invalid; assuming PCIe gen3 x16");
@@ -224,10 +223,15 @@ class Importer {
     // NCCL writes link_width="0" when the upstream port has no max_link_width
     // (a device on a root port) and reads it as x16 at the given speed.
     if (width == 0) width = 16;
+    // A speed NCCL does not know is gen3's rate per lane at the given width
+    // (x8 stays x8). sysfs says "Unknown" (older kernels "Unknown speed")
+    // when it cannot tell: that is no reason to warn.
+    const double unknown_speed_bw = kDefaultPciBw / 16 * static_cast<double>(width);
+    if (sp == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return unknown_speed_bw;
     double bw = pcie_bw(*sp, static_cast<int>(width));
     if (bw <= 0) {
-      warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x16");
-      return kDefaultPciBw;
+      warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x" + std::to_string(width));
+      return unknown_speed_bw;
     }
     return bw;
   }

@@ -530,6 +530,37 @@ TEST(TopologyImport, LinkWidthZeroIsX16AtTheGivenSpeed) {
   EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"0\""), 15.75, 0.01);
 }
 
+// A link_speed NCCL does not know (sysfs "Unknown", none, or a text it has
+// no entry for) is gen3's rate per lane at the link_width given: NCCL
+// multiplies its default per-lane speed by the width. Regression: Loom took
+// gen3 x16 whatever the width, so an x8 link of unknown speed had twice
+// its bandwidth and an x1 sixteen times.
+TEST(TopologyImport, UnknownLinkSpeedIsGen3AtTheGivenWidth) {
+  const double gen3_lane = 15.75 / 16;
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"8\""), 8 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"4\""), 4 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"\" link_width=\"1\""), gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_width=\"2\""), 2 * gen3_lane, 1e-9);
+  // Width 0 is still x16, and no link attributes at all still gen3 x16.
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"0\""), 16 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw(""), 16 * gen3_lane, 1e-9);
+
+  // A speed that is not one: warned about, and gen3 at the given width too.
+  QuietTopo quiet;
+  auto r = graph_from_xml_text(
+      "<system><cpu numaid=\"0\"><pci busid=\"0000:00:04.0\" class=\"0x030200\" link_speed=\"fast\" "
+      "link_width=\"8\"><gpu dev=\"0\" sm=\"90\"/></pci></cpu></system>",
+      "bad-speed");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().warnings.size(), 1u);
+  EXPECT_NE(r.value().warnings[0].find("link_speed 'fast' not understood; assuming PCIe gen3 x8"), std::string::npos)
+      << r.value().warnings[0];
+  double bw = -1;
+  for (const TopoLink& l : r.value().graph.links)
+    if (l.type == LinkType::kPci) bw = l.bw;
+  EXPECT_NEAR(bw, 8 * gen3_lane, 1e-9);
+}
+
 TEST(TopologyImport, DumpFileAndEnvironment) {
   std::string dump = ::testing::TempDir() + "/loom_topo_dump.xml";
   setenv("LOOM_TOPO_FILE", shared_topology("azure-ndv2.xml").c_str(), 1);
