@@ -92,7 +92,8 @@ std::string node_line(const TopoGraph& g, int id) {
     case NodeType::kNic:
       s += " " + n.name + (n.busid.empty() || n.busid == n.name ? "" : " " + n.busid);
       s += n.is_ib ? " verbs" : " ethernet";
-      s += " " + bw_text(n.net_bw) + " GB/s" + (n.speed_known ? "" : " (speed unknown: PCI bound)");
+      s += " " + bw_text(n.net_bw) + " GB/s";
+      if (!n.speed_known) s += n.from_net ? " (speed unknown: 10 Gb/s as NCCL)" : " (speed unknown: PCI bound)";
       break;
     default:
       break;

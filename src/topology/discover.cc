@@ -523,7 +523,12 @@ Result<ImportResult> discover_topology(const DiscoverOptions& options) {
 }
 
 Result<ImportResult> load_system_topology() {
-  if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) return load_topology_file(file);
+  if (const char* file = env_either("LOOM_TOPO_FILE", "NCCL_TOPO_FILE")) {
+    Result<ImportResult> r = load_topology_file(file);
+    if (r.is_ok())
+      for (const std::string& note : r.value().notes) LOOM_INFO(kLogTopo, "{}", note);
+    return r;
+  }
   return discover_topology();
 }
 

@@ -40,6 +40,8 @@ struct TopoNode {
   // NIC
   bool is_ib = false;            // InfiniBand (class 0x0207 or an IB device)
   bool speed_known = false;      // net_bw came from a speed attribute
+  bool from_net = false;         // from a <net> (unknown speed: 10 Gb/s); else a NIC <pci>/<nic>
+                                 // without one (unknown speed: its PCI link)
   double net_bw = 0;             // GB/s of the port toward the network
   double net_latency_us = 0;
   // CPU

@@ -19,6 +19,9 @@ constexpr int kClass3d = 0x0302;
 constexpr int kClassIb = 0x0207;
 constexpr int kMaxNvLinks = 64;
 constexpr double kDefaultPciBw = 15.75;  // PCIe gen3 x16, used when the link is not described
+// A <net> whose speed is not given (or is -1, 0, not a number): NCCL takes
+// 10 Gb/s, as discovery does for an Ethernet port of unknown speed.
+constexpr double kUnknownNetMbps = 10000;
 
 // The far end of an NVLink as NCCL's dumps give it when it is not visible
 // (inside a VM).
@@ -121,6 +124,7 @@ class Importer {
     r.graph = std::move(g_);
     r.graph.source = source_;
     r.warnings = std::move(warnings_);
+    r.notes = std::move(notes_);
     return r;
   }
 
@@ -214,8 +218,7 @@ class Importer {
   double pci_link_bw(const XmlElement& el) {
     const std::string* sp = el.attr("link_speed");
     const std::string* wd = el.attr("link_width");
-    // sysfs says "Unknown" (older kernels "Unknown speed") when it cannot tell.
-    if (sp == nullptr || wd == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return kDefaultPciBw;
+    if (wd == nullptr) return kDefaultPciBw;
     long width = 0;
     if (!parse_long(*wd, 0, 32, width)) {
       warn(el, "<pci> link_width '" + *wd + "' invalid; assuming PCIe gen3 x16");
@@ -224,10 +227,15 @@ class Importer {
     // NCCL writes link_width="0" when the upstream port has no max_link_width
     // (a device on a root port) and reads it as x16 at the given speed.
     if (width == 0) width = 16;
+    // A speed NCCL does not know is gen3's rate per lane at the given width
+    // (x8 stays x8). sysfs says "Unknown" (older kernels "Unknown speed")
+    // when it cannot tell: that is no reason to warn.
+    const double unknown_speed_bw = kDefaultPciBw / 16 * static_cast<double>(width);
+    if (sp == nullptr || sp->empty() || sp->rfind("Unknown", 0) == 0) return unknown_speed_bw;
     double bw = pcie_bw(*sp, static_cast<int>(width));
     if (bw <= 0) {
-      warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x16");
-      return kDefaultPciBw;
+      warn(el, "<pci> link_speed '" + *sp + "' not understood; assuming PCIe gen3 x" + std::to_string(width));
+      return unknown_speed_bw;
     }
     return bw;
   }
@@ -373,8 +381,11 @@ class Importer {
 
   void import_nic(const XmlElement& el, int parent, const std::string& busid, const AttrList& pci_attrs,
                   bool ib = false, double pci_bw = 0) {
-    auto make = [&](const AttrList& net_attrs, const XmlElement& where) {
+    // from_net: a <net> element (NCCL's network device); else Loom's shorthand
+    // of a NIC <pci> or <nic> without one.
+    auto make = [&](const AttrList& net_attrs, const XmlElement& where, bool from_net) {
       TopoNode nic;
+      nic.from_net = from_net;
       nic.type = NodeType::kNic;
       nic.parent = parent;
       nic.busid = busid;
@@ -386,19 +397,27 @@ class Importer {
       if (const std::string* v = tmp.attr("name")) nic.name = *v;
       double speed = 0, lat = 0;
       if (const std::string* v = tmp.attr("speed")) {
-        if (parse_real(*v, 1, 1e7, speed)) {
+        bool number = parse_real(*v, -1e7, 1e7, speed);
+        if (number && speed >= 1) {
           nic.net_bw = speed / 8000.0;  // Mb/s -> GB/s
           nic.speed_known = true;
-        } else {
-          warn(where, "<net> speed '" + *v + "' outside 1..1e7 Mb/s; ignored");
+        } else if (!number || speed > 0) {
+          // -1 and 0 are how sysfs and NICs say "unknown": not worth a warning.
+          warn(where, "<net> speed '" + *v + "' outside 1..1e7 Mb/s; assuming 10 Gb/s as NCCL does");
         }
       }
       if (const std::string* v = tmp.attr("latency")) {
         if (parse_real(*v, 0, 1e6, lat)) nic.net_latency_us = lat;
         else warn(where, "<net> latency '" + *v + "' outside 0..1e6 us; ignored");
       }
-      if (!nic.speed_known) nic.net_bw = pci_bw > 0 ? pci_bw : kDefaultPciBw;
       if (nic.name.empty()) nic.name = busid.empty() ? "nic" : busid;
+      if (!nic.speed_known && from_net) {
+        nic.net_bw = kUnknownNetMbps / 8000.0;
+        notes_.push_back(source_ + ": line " + std::to_string(where.line) + ": NIC " + nic.name +
+                         ": <net> without a usable speed; assuming 10 Gb/s as NCCL does");
+      } else if (!nic.speed_known) {
+        nic.net_bw = pci_bw > 0 ? pci_bw : kDefaultPciBw;  // no <net>: the PCI link bounds it
+      }
       // RoCE and IB ports both use verbs; a name like mlx5_* marks a verbs device.
       if (nic.name.rfind("mlx", 0) == 0 || nic.name.rfind("ib", 0) == 0) nic.is_ib = true;
       int id = add_node(std::move(nic));
@@ -407,13 +426,13 @@ class Importer {
     bool any = false;
     for (const XmlElement& c : el.children) {
       if (c.name == "net") {
-        make(c.attrs, c);
+        make(c.attrs, c, true);
         any = true;
       } else {
         warn(c, "unknown element <" + c.name + "> under <nic> skipped");
       }
     }
-    if (!any) make({}, el);
+    if (!any) make({}, el, false);
   }
 
   void finish() {
@@ -537,6 +556,7 @@ class Importer {
   std::string source_;
   TopoGraph g_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> notes_;
   std::set<long> numa_seen_;
   int unknown_numa_cpu_ = -1;  // the node of the <cpu numaid="-1"> elements
   static constexpr int kMaxCpus = 256;
@@ -602,7 +622,7 @@ class Exporter {
           if (n.busid.empty()) {
             XmlElement nic;
             nic.name = "nic";
-            if (!n.dev_attrs.empty()) nic.children.push_back(net_element(n));
+            if (n.from_net || !n.dev_attrs.empty()) nic.children.push_back(net_element(n));
             parent_el.children.push_back(std::move(nic));
           } else if (nic_busids_done.insert(n.busid).second) {
             parent_el.children.push_back(nic_pci_element(parent, n.busid));
@@ -631,7 +651,7 @@ class Exporter {
       if (n.type != NodeType::kNic || n.busid != busid) continue;
       if (first) el = pci_element(n);
       first = false;
-      if (!n.dev_attrs.empty()) nic.children.push_back(net_element(n));
+      if (n.from_net || !n.dev_attrs.empty()) nic.children.push_back(net_element(n));
     }
     if (!nic.children.empty()) el.children.push_back(std::move(nic));
     return el;

@@ -31,6 +31,9 @@ namespace loom::topo {
 struct ImportResult {
   TopoGraph graph;
   std::vector<std::string> warnings;
+  // Defaults applied as NCCL applies them (a <net> without speed is 10 Gb/s),
+  // worth an INFO TOPO line: load_system_topology logs them.
+  std::vector<std::string> notes;
 };
 
 Result<ImportResult> graph_from_xml(const XmlElement& root, const std::string& source);

@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
+#include "core/log.h"
 #include "test_topology_util.h"
 #include "topology/discover.h"
 #include "topology/paths.h"
@@ -528,6 +530,129 @@ TEST(TopologyImport, LinkWidthZeroIsX16AtTheGivenSpeed) {
   EXPECT_NEAR(gpu_pci_bw("link_speed=\"16.0 GT/s PCIe\" link_width=\"8\""), 15.75, 0.01);
   EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"16\""), 15.75, 0.01);
   EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"0\""), 15.75, 0.01);
+}
+
+// A link_speed NCCL does not know (sysfs "Unknown", none, or a text it has
+// no entry for) is gen3's rate per lane at the link_width given: NCCL
+// multiplies its default per-lane speed by the width. Regression: Loom took
+// gen3 x16 whatever the width, so an x8 link of unknown speed had twice
+// its bandwidth and an x1 sixteen times.
+TEST(TopologyImport, UnknownLinkSpeedIsGen3AtTheGivenWidth) {
+  const double gen3_lane = 15.75 / 16;
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"8\""), 8 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown speed\" link_width=\"4\""), 4 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"\" link_width=\"1\""), gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw("link_width=\"2\""), 2 * gen3_lane, 1e-9);
+  // Width 0 is still x16, and no link attributes at all still gen3 x16.
+  EXPECT_NEAR(gpu_pci_bw("link_speed=\"Unknown\" link_width=\"0\""), 16 * gen3_lane, 1e-9);
+  EXPECT_NEAR(gpu_pci_bw(""), 16 * gen3_lane, 1e-9);
+
+  // A speed that is not one: warned about, and gen3 at the given width too.
+  QuietTopo quiet;
+  auto r = graph_from_xml_text(
+      "<system><cpu numaid=\"0\"><pci busid=\"0000:00:04.0\" class=\"0x030200\" link_speed=\"fast\" "
+      "link_width=\"8\"><gpu dev=\"0\" sm=\"90\"/></pci></cpu></system>",
+      "bad-speed");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().warnings.size(), 1u);
+  EXPECT_NE(r.value().warnings[0].find("link_speed 'fast' not understood; assuming PCIe gen3 x8"), std::string::npos)
+      << r.value().warnings[0];
+  double bw = -1;
+  for (const TopoLink& l : r.value().graph.links)
+    if (l.type == LinkType::kPci) bw = l.bw;
+  EXPECT_NEAR(bw, 8 * gen3_lane, 1e-9);
+}
+
+// NCCL takes a <net> whose speed is not given (or is -1 or 0, as sysfs and
+// some NICs say "unknown", or is not a number) as 10 Gb/s. Regression: Loom
+// bounded such a port only by its PCI link, so a NIC of a dump without
+// speeds was priced at its gen4 x16 link, 31.5 GB/s, 25 times NCCL's model.
+// A NIC <pci> or <nic> with no <net> at all (Loom's shorthand, of which NCCL
+// makes no network device) is still bounded by its PCI link.
+TEST(TopologyImport, NetWithoutSpeedIs10G) {
+  const std::string text =
+      "<system version=\"1\">\n"                                                                           // 1
+      "  <cpu numaid=\"0\">\n"                                                                             // 2
+      "    <pci busid=\"0000:03:00.0\" class=\"0x020700\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"  // 3
+      "      <nic>\n"                                                                                      // 4
+      "        <net name=\"mlx5_0\" dev=\"0\"/>\n"                                                        // 5
+      "        <net name=\"mlx5_1\" dev=\"1\" speed=\"-1\"/>\n"                                          // 6
+      "        <net name=\"mlx5_2\" dev=\"2\" speed=\"0\"/>\n"                                           // 7
+      "        <net name=\"mlx5_3\" dev=\"3\" speed=\"200000\"/>\n"                                      // 8
+      "      </nic>\n"
+      "    </pci>\n"
+      "    <pci busid=\"0000:04:00.0\" class=\"0x020000\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"/>\n"  // 11
+      "    <nic><net name=\"eth0\" dev=\"4\"/></nic>\n"                                                  // 12
+      "    <nic><net/></nic>\n"                                                                            // 13
+      "  </cpu>\n"
+      "</system>\n";
+  auto r = graph_from_xml_text(text, "nets.xml");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r.value().warnings.empty()) << r.value().warnings.front();
+  const TopoGraph& g = r.value().graph;
+  const double ten_g = 10000.0 / 8000.0, gen4_x16 = pcie_bw("16.0 GT/s", 16);
+  std::map<std::string, double> bw;
+  for (int n : g.nodes_of(NodeType::kNic)) {
+    const TopoNode& nic = g.nodes[static_cast<size_t>(n)];
+    bw[nic.name] = nic.net_bw;
+    EXPECT_EQ(nic.speed_known, nic.name == "mlx5_3") << nic.name;
+    // The PCI link of the NIC is its own, whatever the port's speed.
+    if (nic.busid.empty()) continue;
+    for (const TopoLink& l : g.links) {
+      if (l.a != n && l.b != n) continue;
+      EXPECT_NEAR(l.bw, gen4_x16, 1e-9) << nic.name;
+    }
+  }
+  EXPECT_EQ(bw, (std::map<std::string, double>{{"mlx5_0", ten_g},
+                                                {"mlx5_1", ten_g},
+                                                {"mlx5_2", ten_g},
+                                                {"mlx5_3", 25.0},
+                                                {"0000:04:00.0", gen4_x16},
+                                                {"eth0", ten_g},
+                                                {"nic", ten_g}}));
+  // Each default is a note (logged at INFO TOPO when the file is loaded).
+  const auto& notes = r.value().notes;
+  ASSERT_EQ(notes.size(), 5u);
+  EXPECT_EQ(notes[0], "nets.xml: line 5: NIC mlx5_0: <net> without a usable speed; assuming 10 Gb/s as NCCL does");
+  EXPECT_NE(notes[3].find("line 12: NIC eth0:"), std::string::npos) << notes[3];
+  // A <net> without attributes stays one through export, and so stays 10 Gb/s.
+  expect_round_trip(g);
+
+  // A speed that is no number is warned about, and is 10 Gb/s too.
+  QuietTopo quiet;
+  auto bad = graph_from_xml_text("<system><cpu numaid=\"0\"><nic><net name=\"eth1\" speed=\"fast\"/></nic></cpu></system>",
+                                 "bad.xml");
+  ASSERT_TRUE(bad.is_ok());
+  ASSERT_EQ(bad.value().warnings.size(), 1u);
+  EXPECT_NE(bad.value().warnings[0].find("<net> speed 'fast' outside 1..1e7 Mb/s; assuming 10 Gb/s"), std::string::npos)
+      << bad.value().warnings[0];
+  ASSERT_EQ(bad.value().graph.count(NodeType::kNic), 1);
+  EXPECT_DOUBLE_EQ(bad.value().graph.nodes[static_cast<size_t>(bad.value().graph.nodes_of(NodeType::kNic)[0])].net_bw,
+                   ten_g);
+
+  // Loaded through LOOM_TOPO_FILE, the notes are INFO TOPO lines.
+  const std::string file = ::testing::TempDir() + "/loom_nets.xml";
+  const std::string log = ::testing::TempDir() + "/loom_nets_log.txt";
+  std::ofstream(file) << text;
+  std::remove(log.c_str());
+  setenv("LOOM_TOPO_FILE", file.c_str(), 1);
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "TOPO", 1);
+  setenv("LOOM_DEBUG_FILE", log.c_str(), 1);
+  log_reinit();
+  auto loaded = load_system_topology();
+  unsetenv("LOOM_TOPO_FILE");
+  unsetenv("LOOM_DEBUG_FILE");
+  unsetenv("LOOM_DEBUG");
+  unsetenv("LOOM_DEBUG_SUBSYS");
+  log_reinit();  // closes the file
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const std::string logged = read_file(log);
+  EXPECT_NE(logged.find("loom INFO TOPO " + file + ": line 5: NIC mlx5_0: <net> without a usable speed; assuming 10 Gb/s"),
+            std::string::npos)
+      << logged;
+  std::remove(file.c_str());
+  std::remove(log.c_str());
 }
 
 TEST(TopologyImport, DumpFileAndEnvironment) {
