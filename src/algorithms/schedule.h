@@ -77,8 +77,9 @@ struct Step {
   // reader that may itself be waiting for its turn on a core.
   bool unmapped = false;
   // Transfers only: the message is announced by a header from a lower size
-  // than the transport's default (shm: kAnnouncedMinBytes instead of the
-  // receiver's hdr_min_bytes), so a sender's scratch (mem_alloc memory) is
+  // than the transport's default (shm: the receiver's announced_min_bytes,
+  // LOOM_SHM_ANNOUNCED_MIN_BYTES, instead of its hdr_min_bytes), so a
+  // sender's scratch (mem_alloc memory) is
   // read in place through a mapping from there. The two ends pick a
   // message's path from their own steps, so a send and its receive carry the
   // same value (the interpreter checks it). Set where a sender stages a block

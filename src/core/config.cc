@@ -474,10 +474,7 @@ int shm_shared_copy() { return env_bool("LOOM_SHM_SHARED_COPY", true) ? 1 : 0; }
 int shm_slots() { return env_bool("LOOM_SHM_SLOTS", true) ? 1 : 0; }
 int shm_map_shared() { return env_bool("LOOM_SHM_MAP_SHARED", true) ? 1 : 0; }
 uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
-uint64_t shm_announced_min_bytes() {
-  static const uint64_t v = env_bytes("LOOM_SHM_ANNOUNCED_MIN_BYTES", 128ull << 10);
-  return v;
-}
+uint64_t shm_announced_min_bytes() { return env_bytes("LOOM_SHM_ANNOUNCED_MIN_BYTES", 128ull << 10); }
 int spin_us() { return static_cast<int>(env_int("LOOM_SPIN_US", -1)); }
 int max_queued_ops() { return static_cast<int>(std::max<int64_t>(0, env_int("LOOM_MAX_QUEUED_OPS", 1024))); }  // int range
 int engine_spin_us() { return static_cast<int>(env_int("LOOM_ENGINE_SPIN_US", 0)); }

@@ -202,8 +202,10 @@ CommCost Tuner::derive_cost(int nranks) const {
       // reads (0) gave to the ring. Reduce with it (binomial's mapped
       // partial sums) stays within 7% of the best at 256K-4M.
       // With a CPU per rank: not measured here; the reads stay free.
-      if (c.oversubscribed) c.mapped_factor = 1.0;
-      if (c.oversubscribed) c.stage_min_bytes = params::shm_announced_min_bytes();
+      if (c.oversubscribed) {
+        c.mapped_factor = 1.0;
+        c.stage_min_bytes = params::shm_announced_min_bytes();  // the staged direct all_gather
+      }
     }
   }
   for (int i : reps) {

@@ -462,7 +462,7 @@ class ShmConnection final : public Connection {
 
   // The size from which a message to `receiver` starts with a header (both
   // ends compute it alike): the receiver's hdr_min_bytes, or for an announced
-  // message (Step::announced) kAnnouncedMinBytes where headers are on at all.
+  // message (Step::announced) its announced_min_bytes where headers are on.
   static uint64_t header_threshold(const ShmTransport::Segment* receiver, bool announced) {
     const uint64_t h = receiver->hdr_min_bytes;
     return announced && h != UINT64_MAX ? std::min(h, receiver->announced_min_bytes) : h;
