@@ -230,7 +230,10 @@ std::vector<Case> correctness_matrix(int nranks, bool include_big) {
 
 }  // namespace loom::testing
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -449,6 +452,35 @@ Result<UniqueId> unique_id() {
 std::string build_bin(const std::string& name) {
   const char* b = std::getenv("LOOM_BUILD_DIR");
   return std::string(b ? b : ".") + "/bin/" + name;
+}
+
+int unused_loopback_port() {
+  int lo = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int a = 0, b = 0;
+    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 1024) lo = a;
+    std::fclose(f);
+  }
+  const int first = lo > 11024 ? lo - 10000 : 1025;  // at least 1025, below the range
+  const int span = lo - first;
+  if (span <= 0) return 0;
+  // Start at a pid-derived offset so that tests running at once under
+  // ctest -j try different ports first.
+  for (int i = 0; i < span; ++i) {
+    int port = first + (getpid() * 7919 + i) % span;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  return 0;
 }
 
 std::string run_command(const std::string& cmd) {

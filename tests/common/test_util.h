@@ -107,6 +107,14 @@ std::string build_bin(const std::string& name);
 // Runs a shell command; returns what it wrote to stdout.
 std::string run_command(const std::string& cmd);
 
+// A loopback TCP port that is free now and lies below the kernel's ephemeral
+// range (net.ipv4.ip_local_port_range), for a test that hands a fixed root
+// port to ranks it starts. A port from bind(0) is an ephemeral one: between
+// releasing it and rank 0 binding it, another rank's own bind(0) or connect()
+// can take it. Regression: EnvBootstrap.OpenMpi failed in CI with "bind
+// 127.0.0.1:37099: Address already in use". Returns 0 if none was found.
+int unused_loopback_port();
+
 // Names of /dev/shm entries Loom creates ("loom-*") whose creating process
 // has exited: segments left behind. A segment whose creator still runs
 // belongs to a live communicator, e.g. another test's under ctest -j, and is

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/socket.h"
 #include "common/test_util.h"
 
 namespace loom {
@@ -223,11 +222,9 @@ TEST(Loomrun, KilledRankIsReportedWithItsSignal) {
 // Each child sets one launcher's variables, then init_from_env + allreduce.
 void env_bootstrap(const char* launcher) {
   const int n = 3;
-  SockAddr probe;
-  auto fd = tcp_listen(loopback_addr(0), &probe);
-  ASSERT_TRUE(fd.is_ok());
-  const std::string port = std::to_string(probe.port());
-  fd->reset();  // free the port for rank 0's root
+  const int p = testing::unused_loopback_port();
+  ASSERT_NE(p, 0) << "no free loopback port below the ephemeral range";
+  const std::string port = std::to_string(p);
   auto res = testing::run_processes(n, [&](int r, int out) {
     std::string rs = std::to_string(r), ns = std::to_string(n);
     std::string l = launcher;
@@ -286,19 +283,12 @@ TEST(EnvBootstrap, MissingVariablesGiveAClearError) {
   EXPECT_NE(res[0].output.find("no rank in the environment"), std::string::npos) << res[0].output;
 }
 
-// Ranks that disagree on the world size reach the root, which names the
-// disagreement at once. Regression: the size was hashed into the env
-// secret, so they were strangers to each other and both waited out their
-// timeout ("waiting for the other ranks").
-// Two Slurm steps of one allocation on the same port are two jobs: their
-// ranks do not meet.
+// Two ranks with the given variables each, on one root port.
 std::vector<testing::ChildResult> env_pair(const std::vector<std::vector<std::pair<const char*, std::string>>>& envs,
                                            double timeout_s) {
-  SockAddr probe;
-  auto fd = tcp_listen(loopback_addr(0), &probe);
-  EXPECT_TRUE(fd.is_ok());
-  const std::string port = std::to_string(probe.port());
-  fd->reset();
+  const int p = testing::unused_loopback_port();
+  EXPECT_NE(p, 0) << "no free loopback port below the ephemeral range";
+  const std::string port = std::to_string(p);
   return testing::run_processes(static_cast<int>(envs.size()), [&](int r, int out) {
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port.c_str(), 1);
@@ -312,6 +302,10 @@ std::vector<testing::ChildResult> env_pair(const std::vector<std::vector<std::pa
   }, 60);
 }
 
+// Ranks that disagree on the world size reach the root, which names the
+// disagreement at once. Regression: the size was hashed into the env
+// secret, so they were strangers to each other and both waited out their
+// timeout ("waiting for the other ranks").
 TEST(EnvBootstrap, DisagreeingWorldSizesAreNamed) {
   auto t0 = std::chrono::steady_clock::now();
   auto res = env_pair({{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, {{"RANK", "1"}, {"WORLD_SIZE", "3"}}}, 20);
@@ -323,6 +317,8 @@ TEST(EnvBootstrap, DisagreeingWorldSizesAreNamed) {
   EXPECT_LT(secs, 15) << "the disagreement waited for the timeout";
 }
 
+// Two Slurm steps of one allocation on the same port are two jobs: their
+// ranks do not meet.
 TEST(EnvBootstrap, TwoSlurmStepsOnOnePortDoNotMeet) {
   auto res = env_pair({{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}},
                        {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "1"}}},
