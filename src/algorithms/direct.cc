@@ -8,6 +8,7 @@
 
 #include "algorithms/algorithms.h"
 #include "algorithms/patterns.h"
+#include "core/message_class.h"
 #include "loom/memory.h"
 
 namespace loom {
@@ -68,13 +69,41 @@ Result<RankSchedule> direct_all_to_all(const CollArgs& a) { return shifted_all_t
 
 Result<RankSchedule> pairwise_all_to_all(const CollArgs& a) { return shifted_all_to_all(a, false, "pairwise"); }
 
+namespace {
+
+// Whether the direct all_gather's ranks send their `count` elements staged
+// in scratch (announced messages, Step::announced): with more ranks than
+// cores on shm (CollArgs::stage_min_bytes, 0 elsewhere), from 3 ranks (at 2
+// the one message gains nothing from staging) and from stage_min_bytes.
+// Every rank computes it alike, which the announced marks on a send and its
+// receive need.
+bool staged_sends(const CollArgs& a, size_t count) {
+  return a.oversubscribed && a.stage_min_bytes > 0 && a.nranks > 2 && count * dtype_size(a.dt) >= a.stage_min_bytes;
+}
+
+// Appends the copy of `count` elements of the send buffer into scratch to
+// `p` and returns where they are. Scratch is mem_alloc memory, which peers
+// can map, only from kMemAllocMinBytes (core/memory.cc): at least that much.
+BufRef stage_in_scratch(const CollArgs& a, size_t count, RankSchedule& s, Phase& p) {
+  const size_t es = dtype_size(a.dt);
+  s.scratch_count = std::max({s.scratch_count, count, (kMemAllocMinBytes + es - 1) / es});
+  p.steps.push_back(patterns::copy_step({kBufSend, 0}, {kBufScratch, 0}, count));
+  return {kBufScratch, 0};
+}
+
+}  // namespace
+
 // Broadcast as a star: the root sends its whole buffer to every other rank in
 // one phase; nobody forwards. Its receivers' messages are plain stored ones
 // (core/message_class.h), so on shm with more ranks than cores each receiver
 // reads the root's buffer with a single copy: n x (p-1) bytes copied in all,
 // spread over every core, one hand-off deep, where a tree copies each byte
 // into a FIFO and out again at every hop. Through a FIFO the root copies all
-// p-1 messages itself, which the cost model prices (cost_model.cc).
+// p-1 messages itself, which the cost model prices (cost_model.cc). With
+// more ranks than cores and data beyond the cache (stages_broadcast) the root
+// stages its buffer once in scratch, as the direct all_gather does (below):
+// 1 copy in and a mapped read per receiver, where the FIFOs cost the root
+// p-1 copies in and each receiver one out.
 Result<RankSchedule> direct_broadcast(const CollArgs& a) {
   const int n = a.nranks, r = a.rank;
   if (n == 1) return patterns::local_only(a, a.count, "direct");
@@ -82,12 +111,21 @@ Result<RankSchedule> direct_broadcast(const CollArgs& a) {
   s.algorithm = "direct";
   if (a.count == 0) return s;
   Phase p;
+  const double bytes = static_cast<double>(a.count * dtype_size(a.dt));
+  const bool stage = a.oversubscribed && stages_broadcast(bytes, n, static_cast<double>(a.stage_min_bytes),
+                                                          static_cast<double>(a.stage_cache_bytes));
   if (r == a.root) {
+    BufRef src{kBufSend, 0};
+    if (stage) src = stage_in_scratch(a, a.count, s, p);
     // The root's own copy runs while its peers read (no transfer writes recv).
     if (!a.in_place) p.steps.push_back(patterns::overlapped_copy_step({kBufSend, 0}, {kBufRecv, 0}, a.count));
-    for (int k = 1; k < n; ++k) p.steps.push_back(patterns::send_step((r + k) % n, {kBufSend, 0}, a.count));
+    for (int k = 1; k < n; ++k) {
+      p.steps.push_back(patterns::send_step((r + k) % n, src, a.count));
+      p.steps.back().announced = stage;
+    }
   } else {
     p.steps.push_back(patterns::recv_step(a.root, {kBufRecv, 0}, a.count));
+    p.steps.back().announced = stage;
   }
   s.phases.push_back(std::move(p));
   return s;
@@ -111,16 +149,8 @@ Result<RankSchedule> direct_all_gather(const CollArgs& a) {
   s.algorithm = "direct";
   if (c == 0) return s;
   Phase p;
-  BufRef src{kBufSend, 0};
-  const bool stage = a.oversubscribed && a.stage_min_bytes > 0 && n > 2 && c * dtype_size(a.dt) >= a.stage_min_bytes;
-  if (stage) {
-    // Scratch is mem_alloc memory, which peers can map, only from
-    // kMemAllocMinBytes (core/memory.cc): ask for at least that much.
-    const size_t es = dtype_size(a.dt);
-    s.scratch_count = std::max(c, (kMemAllocMinBytes + es - 1) / es);
-    p.steps.push_back(patterns::copy_step({kBufSend, 0}, {kBufScratch, 0}, c));
-    src = {kBufScratch, 0};
-  }
+  const bool stage = staged_sends(a, c);
+  const BufRef src = stage ? stage_in_scratch(a, c, s, p) : BufRef{kBufSend, 0};
   // In place (send == recv + r*c) the executor sees src == dst and skips it;
   // out of place, no receive writes block r, so the copy overlaps the reads.
   p.steps.push_back(patterns::overlapped_copy_step({kBufSend, 0}, {kBufRecv, r * c}, c));

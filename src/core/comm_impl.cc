@@ -407,6 +407,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
     // so to both ends).
     const bool shm = mode.is_ok() && *mode != TransportMode::kSocket;
     args.stage_min_bytes = shm ? std::max<uint64_t>(params::shm_announced_min_bytes(), 1) : 0;
+    args.stage_cache_bytes = shm ? params::host_llc_bytes() : 0;
   }
   const std::vector<std::string> available = runnable_algorithms(args);
   std::string chosen;
@@ -753,6 +754,9 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_TRANSPORT", params::transport()},
       // A send and its receive must mark a staged message alike (Step::announced).
       {"LOOM_SHM_ANNOUNCED_MIN_BYTES", std::to_string(params::shm_announced_min_bytes())},
+      // The direct broadcast stages from it (stages_broadcast). Only the
+      // variable: hosts may differ in what sysfs says, ranks of one host not.
+      {"LOOM_LLC_BYTES", env_string("LOOM_LLC_BYTES", "(unset)")},
   };
   const size_t kSettings = mine.size();
   std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);

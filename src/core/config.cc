@@ -86,8 +86,9 @@ std::vector<ParamInfo>& registry() {
        "Progress polls before a waiting engine sleeps on its futex (lower = friendlier to oversubscribed cores)."},
       {"LOOM_SHM_SHARED_COPY", "bool", "1",
        "Shared single copy: a sender whose phase only sends writes half of a large (>= 512 KiB) single-copy "
-       "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); 0 = the "
-       "receiver copies alone."},
+       "message into the receiver while the receiver reads the other half (2-rank broadcast, send/recv); never "
+       "with more ranks on the host than CPUs (the sender's half takes a core its readers need: measured 2x "
+       "slower); 0 = the receiver copies alone."},
       {"LOOM_SHM_MAP_SHARED", "bool", "1",
        "A single-copy message from a buffer of loom::mem_alloc (ncclMemAlloc without CUDA) is read through a mapping of "
        "the sender's buffer (mapped once per buffer, pidfd_getfd + mmap) instead of by process_vm_readv per "
@@ -99,7 +100,13 @@ std::vector<ParamInfo>& registry() {
        "With more ranks than cores, the direct all_gather stages each rank's block once in its scratch and every "
        "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "
        "and out per pair): from this block size on (a reader with LOOM_SHM_MAP_SHARED=0 takes it through the "
-       "FIFO). Larger: no staging below it. Must be the same on every rank (checked at init)."},
+       "FIFO); so does the direct broadcast's root with its buffer, from this size and once the op's data "
+       "(ranks x bytes) outgrows LOOM_LLC_BYTES. Larger: no staging below it. Must be the same on every rank "
+       "(checked at init)."},
+      {"LOOM_LLC_BYTES", "bytes", "auto",
+       "The host's last-level cache, as the cost model, the streaming-copy threshold (LOOM_COPY_STREAM_BYTES) "
+       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it. auto: CPU 0's from sysfs, "
+       "32M where the kernel does not say. Must be the same on every rank (checked at init)."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},
@@ -319,6 +326,7 @@ constexpr uint64_t kSingleCopyBytes = 256ull << 10;
 int host_cores() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
 
 size_t host_llc_bytes() {
+  if (auto v = env_bytes_if_set("LOOM_LLC_BYTES")) return static_cast<size_t>(*v);
   static const size_t bytes = [] {
     size_t best = 0;
     int best_level = 0;

@@ -61,7 +61,8 @@ uint64_t shm_fifo_step_bytes(int local_ranks);
 uint64_t shm_single_copy_bytes(int local_ranks);
 // CPUs online on this host, which its ranks share.
 int host_cores();
-// The last-level cache of CPU 0 (sysfs; 32 MiB when the kernel does not say).
+// The last-level cache of CPU 0: LOOM_LLC_BYTES, else sysfs (32 MiB when the
+// kernel does not say).
 size_t host_llc_bytes();
 // LOOM_COPY_STREAM_BYTES: local copies of at least this many bytes use
 // streaming stores (kernels::stream_copy); 0 = never. Default: a quarter of

@@ -275,8 +275,11 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
   // chunks, 16 MiB: the far-first binomial reduce (every step but the last
   // within a core) 2886 us at 4 ranks, 6980 at 8; the chain (every hop
   // across) 3549 / 9424, at equal message counts per core.
+  // A broadcast whose data fits in the cache (CommCost::fifo_cached_factor).
+  const bool cached = !red && x.c.llc_bytes > 0 && p * n <= static_cast<double>(x.c.llc_bytes);
   auto msg = [&](int s, int r, double m, double k, double o, double b, bool scratch = false) {
     if (s % cores == r % cores) b *= x.c.same_core_beta_factor;
+    if (cached) b *= x.c.fifo_cached_factor;
     if (scratch && red && x.mapped(m)) {
       const double wait = (s % cores == r % cores) ? x.c.hand_off_us : x.c.hand_off_cross_us;
       at(s) += k * (o + wait);
@@ -325,6 +328,24 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     }
     case AlgoKind::kDirect: {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
+      if (!red && stages_broadcast(n, p, static_cast<double>(x.c.stage_min_bytes), static_cast<double>(x.c.llc_bytes))) {
+        // Staged (direct.cc): the root copies its buffer once into scratch,
+        // each receiver reads it through a mapping, one copy per byte
+        // (placement-mean, as the staged all_gather), where the FIFO costs
+        // the root a copy per receiver and the receiver another. No reader
+        // starts before the root's copy is done: the other cores wait for
+        // it. Only beyond the cache: message_class.h.
+        // And as any mapped message (msg above), the root's send ends only
+        // once its reader has read it: a hand-off per reader.
+        const double copy = n * x.all().beta_us_per_byte * x.c.single_copy_factor;
+        at(0) += copy;
+        for (int v = 1; v < p; ++v) {
+          at(0) += o + (v % cores == 0 ? x.c.hand_off_us : x.c.hand_off_cross_us);
+          at(v) += o + x.c.single_copy_alpha_us + n * x.peers().beta_us_per_byte * x.c.single_copy_factor;
+        }
+        for (int v = 1; v < cores; ++v) at(v) += copy;  // one rank per other core waits
+        break;
+      }
       for (int v = 1; v < p; ++v) red ? msg(v, 0, n, 1, o, b) : msg(0, v, n, 1, o, b);
       break;
     }

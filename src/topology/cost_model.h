@@ -152,11 +152,23 @@ struct CommCost {
   // two-shot (4 of 7 peers across) 0.78-0.88 / 1.01 / 0.82, Rabenseifner
   // (the two big steps within) 0.48-0.60 / 0.84 / 0.53. 1 = placement-blind.
   double same_core_beta_factor = 0.5;
+  // With more ranks than cores, a broadcast's FIFO messages (chain, tree,
+  // binomial, unstaged direct) cost this fraction of their beta while the
+  // op's data, nranks x bytes, fits in the host's last-level cache
+  // (llc_bytes; 0 = unknown, no discount): the pipelined chunks are copied
+  // in and out of the FIFOs in cache. Reads of a staged buffer through a
+  // mapping measured no such gain. Measured, 8 ranks on 2 cores, binomial,
+  // -z 1, us (performance.md Run 36) against the undiscounted model:
+  // 1 MiB 231-281 / 468, 2 MiB 492-594 / 936, 4 MiB 1040-1417 / 1870; from
+  // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740.
+  double fifo_cached_factor = 0.5;
+  size_t llc_bytes = 0;
   // Oversubscribed on one host with mappings on: the direct all_gather stages
-  // a rank's block of at least this many bytes once in its scratch and every
-  // peer reads it from there through a mapping (direct.cc; 0 = never): one
-  // copy in plus one per reader, where the FIFO costs a copy in and one out
-  // per pair (LOOM_SHM_ANNOUNCED_MIN_BYTES).
+  // a rank's block of at least this many bytes once in its scratch, the
+  // direct broadcast's root its buffer, and every peer reads it from there
+  // through a mapping (direct.cc; 0 = never): one copy in plus one per
+  // reader, where the FIFO costs a copy in and one out per pair
+  // (LOOM_SHM_ANNOUNCED_MIN_BYTES).
   size_t stage_min_bytes = 0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
   LinkCost intra;               // worst pair inside a host (hierarchical)

@@ -188,6 +188,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     // link, not a copy.
     if (!gpu) c.fused_receive_factor = 0.5;
     if (c.oversubscribed) c.cores = params::host_cores();
+    if (!gpu) c.llc_bytes = params::host_llc_bytes();
     if (params::shm_map_shared() != 0) {
       c.map_min_bytes = params::shm_map_min_bytes();
       c.map_cache_bytes = params::host_llc_bytes();
@@ -204,7 +205,7 @@ CommCost Tuner::derive_cost(int nranks) const {
       // With a CPU per rank: not measured here; the reads stay free.
       if (c.oversubscribed) {
         c.mapped_factor = 1.0;
-        c.stage_min_bytes = params::shm_announced_min_bytes();  // the staged direct all_gather
+        c.stage_min_bytes = params::shm_announced_min_bytes();  // staged direct all_gather, broadcast
       }
     }
   }

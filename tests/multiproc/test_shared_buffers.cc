@@ -430,43 +430,92 @@ TEST(SingleCopyClass, OversubscribedStoredMessagesGoThroughTheFifo) {
 // With more ranks than cores the direct all_gather stages a rank's block
 // once in its scratch (Loom's mem_alloc memory) and every peer reads it from
 // there through a mapping: each rank reads n-1 blocks mapped, from heap user
-// buffers, where the FIFO would cost its sender a copy per peer. Below
+// buffers, where the FIFO would cost its sender a copy per peer. The direct
+// broadcast's root stages its buffer alike: each other rank reads it mapped
+// once (root 1, to see that the root is not assumed to be rank 0). Below
 // LOOM_SHM_ANNOUNCED_MIN_BYTES, or with mapping off at the receivers, the
 // same schedule goes through the FIFOs, and the results are right either way
 // (run_case checks every element).
-void staged_all_gather(const char* map_shared, const char* announced_min, bool expect_mapped) {
+void staged_direct(Collective coll, const char* map_shared, const char* announced_min, bool expect_mapped,
+                   bool shared_buffers = false, const char* llc = "256K") {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   if (cpus > 3) GTEST_SKIP() << cpus << " CPUs: " << cpus + 1 << " processes would be too many for this test";
   const int n = cpus + 1;
-  setenv("LOOM_ALGO", "all_gather:direct", 1);
+  setenv("LOOM_ALGO", coll == Collective::kAllGather ? "all_gather:direct" : "broadcast:direct", 1);
   setenv("LOOM_SHM_ANNOUNCED_MIN_BYTES", announced_min, 1);
-  run_ranks(n, [n, expect_mapped](int r, Comm& comm, std::string* err) {
+  // The broadcast stages only once the op's data outgrows the cache.
+  setenv("LOOM_LLC_BYTES", llc, 1);
+  run_ranks(n, [n, coll, expect_mapped, shared_buffers](int r, Comm& comm, std::string* err) {
     testing::Case cs;
-    cs.coll = Collective::kAllGather;
+    cs.coll = coll;
+    cs.root = 1;
+    cs.shared_buffers = shared_buffers;
     // 128 KiB of floats per block, the default threshold, on a fresh
     // communicator: its scratch must still be mem_alloc memory (from 256 KiB,
     // core/memory.cc). Regression: a 128 KiB scratch was private memory and
     // the staged blocks went through the FIFOs after all.
     cs.count = size_t{1} << 15;
-    for (bool in_place : {false, true}) {
-      cs.in_place = in_place;
-      const uint64_t mapped0 = ShmTransport::mapped_messages();
-      if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
-      const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
-      const uint64_t want = expect_mapped ? static_cast<uint64_t>(n - 1) : 0;
-      if (mapped != want)
-        return *err = "rank " + std::to_string(r) + (in_place ? " in place" : "") + ": " + std::to_string(mapped) +
-                      " blocks read through a mapping, expected " + std::to_string(want),
-               false;
+    const int reads = coll == Collective::kAllGather ? n - 1 : r == cs.root ? 0 : 1;
+    // The broadcast also at 1 MiB, where an idle sender could share the
+    // copy (LOOM_SHM_SHARED_COPY): an in-place root only sends. With more
+    // ranks than cores it must not: the root wrote half of every receiver's
+    // copy by process_vm_writev, one after the other, 2x slower than the
+    // receivers reading alone (shm_transport.cc). Regression: it did, staged
+    // or from mem_alloc buffers (shared_buffers, not staged).
+    std::vector<size_t> counts{cs.count};
+    if (coll == Collective::kBroadcast && expect_mapped) counts.push_back(size_t{1} << 18);
+    if (shared_buffers) counts = {size_t{1} << 18};
+    for (size_t count : counts) {
+      cs.count = count;
+      for (bool in_place : {false, true}) {
+        cs.in_place = in_place;
+        const uint64_t mapped0 = ShmTransport::mapped_messages(), pushed0 = ShmTransport::shared_copy_bytes();
+        if (Status st = testing::run_case(comm, cs); !st.is_ok()) return *err = st.to_string(), false;
+        const uint64_t mapped = ShmTransport::mapped_messages() - mapped0;
+        const uint64_t pushed = ShmTransport::shared_copy_bytes() - pushed0;
+        const uint64_t want = expect_mapped ? static_cast<uint64_t>(reads) : 0;
+        const std::string at = "rank " + std::to_string(r) + ", " + std::to_string(count * 4) + " B" +
+                               (in_place ? " in place" : "") + ": ";
+        if (mapped != want)
+          return *err = at + std::to_string(mapped) + " messages read through a mapping, expected " +
+                        std::to_string(want),
+                 false;
+        if (expect_mapped && pushed != 0)
+          return *err = at + std::to_string(pushed) + " B written into the receivers by the sender", false;
+      }
     }
     return true;
   }, map_shared, nullptr);
   unsetenv("LOOM_ALGO");
   unsetenv("LOOM_SHM_ANNOUNCED_MIN_BYTES");
+  unsetenv("LOOM_LLC_BYTES");
 }
-TEST(SharedBuffers, OversubscribedDirectAllGatherReadsStagedBlocksMapped) { staged_all_gather("1", "128K", true); }
-TEST(SharedBuffers, BelowTheAnnouncedSizeTheStagedBlocksGoThroughTheFifo) { staged_all_gather("1", "512K", false); }
-TEST(SharedBuffers, MappingOffTheStagedBlocksGoThroughTheFifo) { staged_all_gather("0", "128K", false); }
+TEST(SharedBuffers, OversubscribedDirectAllGatherReadsStagedBlocksMapped) {
+  staged_direct(Collective::kAllGather, "1", "128K", true);
+}
+TEST(SharedBuffers, BelowTheAnnouncedSizeTheStagedBlocksGoThroughTheFifo) {
+  staged_direct(Collective::kAllGather, "1", "512K", false);
+}
+TEST(SharedBuffers, MappingOffTheStagedBlocksGoThroughTheFifo) {
+  staged_direct(Collective::kAllGather, "0", "128K", false);
+}
+TEST(SharedBuffers, OversubscribedDirectBroadcastReadsTheStagedRootBufferMapped) {
+  staged_direct(Collective::kBroadcast, "1", "128K", true);
+}
+TEST(SharedBuffers, BelowTheAnnouncedSizeTheStagedRootBufferGoesThroughTheFifo) {
+  staged_direct(Collective::kBroadcast, "1", "512K", false);
+}
+// Within the cache (3-4 ranks x 1 MiB against 64 MiB) the root's buffer goes
+// through the FIFOs: the pipelined FIFO algorithms beat staging there, and
+// the direct broadcast's FIFO path is what the cost model prices.
+TEST(SharedBuffers, WithinTheCacheTheRootBufferGoesThroughTheFifo) {
+  staged_direct(Collective::kBroadcast, "1", "128K", false, false, "64M");
+}
+// Not staged (announced only from 1 GiB), the root's mem_alloc buffer read
+// mapped by every receiver, none of it written by the root.
+TEST(SharedBuffers, OversubscribedRootWritesNothingIntoItsReaders) {
+  staged_direct(Collective::kBroadcast, "1", "1G", true, true);
+}
 
 // Every rank lays out its segment and reads its peers' with its own
 // LOOM_SHM_FIFO_BYTES. Ranks that disagree (one launcher's environment set

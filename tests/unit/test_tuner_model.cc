@@ -913,6 +913,52 @@ TEST(TunerModel, DirectAllGatherOnlyWhereMeasured) {
   }
 }
 
+// With ranks sharing cores the direct broadcast stages its root's buffer
+// only once the op's data (p x n) outgrows the cache (stages_broadcast):
+// there it is priced as staged (a copy in, a mapped read per receiver, the
+// other cores waiting for the copy) and beats the FIFO algorithms; within
+// the cache it is priced through the FIFOs, as the schedule then sends it,
+// and a broadcast's FIFO messages cost fifo_cached_factor of their beta
+// (measured, 8 ranks on 2 cores: binomial 1-4 MiB at 0.5-0.6 of the
+// undiscounted model, staged direct behind it; performance.md Run 36).
+TEST(TunerModel, DirectBroadcastStagedOnlyBeyondTheCache) {
+  const int p = 8;
+  const auto bc = Collective::kBroadcast;
+  CommCost c = oversubscribed_uniform(p);
+  c.stage_min_bytes = 128 << 10;
+  c.llc_bytes = size_t{32} << 20;
+  CommCost fifo = c;
+  fifo.stage_min_bytes = 0;
+  // In cache (8 x 4 MiB = the cache, not beyond): the FIFO price, not staged.
+  const size_t in_cache = size_t{4} << 20, beyond = size_t{8} << 20;
+  EXPECT_EQ(est(AlgoKind::kDirect, bc, in_cache, p, c), est(AlgoKind::kDirect, bc, in_cache, p, fifo));
+  EXPECT_LT(est(AlgoKind::kBinomial, bc, in_cache, p, c), est(AlgoKind::kDirect, bc, in_cache, p, c));
+  // Beyond: staged, cheaper than the FIFO price and than every FIFO algorithm.
+  const double staged = est(AlgoKind::kDirect, bc, beyond, p, c);
+  EXPECT_LT(staged, est(AlgoKind::kDirect, bc, beyond, p, fifo));
+  for (AlgoKind a : {AlgoKind::kBinomial, AlgoKind::kChain, AlgoKind::kTree}) EXPECT_LT(staged, est(a, bc, beyond, p, c));
+  // The cache discount: FIFO messages of a broadcast in cache cost less,
+  // beyond it not; a reduce's never (its receivers reduce what they read).
+  CommCost blind = c;
+  blind.llc_bytes = 0;
+  // Only the bytes' part (fifo_cached_factor 0.5), not the per-message terms.
+  EXPECT_GT(est(AlgoKind::kBinomial, bc, in_cache, p, c), est(AlgoKind::kBinomial, bc, in_cache, p, blind) * 0.5);
+  EXPECT_LT(est(AlgoKind::kBinomial, bc, in_cache, p, c), est(AlgoKind::kBinomial, bc, in_cache, p, blind) * 0.75);
+  EXPECT_EQ(est(AlgoKind::kBinomial, bc, beyond, p, c), est(AlgoKind::kBinomial, bc, beyond, p, blind));
+  EXPECT_EQ(est(AlgoKind::kChain, Collective::kReduce, in_cache, p, c),
+            est(AlgoKind::kChain, Collective::kReduce, in_cache, p, blind));
+  // A CPU per rank: neither (the rooted model without cores).
+  CommCost free_cores = uniform(p);
+  free_cores.stage_min_bytes = c.stage_min_bytes;
+  free_cores.llc_bytes = c.llc_bytes;
+  CommCost free_blind = free_cores;
+  free_blind.stage_min_bytes = 0;
+  free_blind.llc_bytes = 0;
+  EXPECT_EQ(est(AlgoKind::kDirect, bc, beyond, p, free_cores), est(AlgoKind::kDirect, bc, beyond, p, free_blind));
+  EXPECT_EQ(est(AlgoKind::kBinomial, bc, in_cache, p, free_cores),
+            est(AlgoKind::kBinomial, bc, in_cache, p, free_blind));
+}
+
 // The hand-off probe's round times become per-rank hand-off costs: the
 // model's alpha per rank of a core taken out, the rest spread over the other
 // ranks of a core, never below zero; only with more ranks than cores.

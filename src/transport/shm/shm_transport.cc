@@ -1259,6 +1259,14 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
     }
   }
   if (params::shm_shared_copy() == 0) can_push = false;
+  // Not with more ranks than cores: the sender's half is a turn on a core
+  // its readers need, and a root that only sends (a direct broadcast in
+  // place) writes half of every receiver's copy, one after the other.
+  // Measured, 2 cores, broadcast -A direct -R 1 in place (mapped reads),
+  // us, pushing / not: 4 ranks 1 MiB 140-159 / 75-79, 4 MiB 523-599 /
+  // 248-252, 16 MiB 4715-5029 / 2196-2202; 8 ranks 1 MiB 318-324 / 176-190,
+  // 4 MiB 1718-2271 / 797-886, 16 MiB 8526-8980 / 5061-5627.
+  if (params::oversubscribed(nlocal)) can_push = false;
   const size_t fifo_step = params::shm_fifo_step_bytes(nlocal);
   const size_t step = fifo_step ? std::max<size_t>(4096, round8(fifo_step)) : SIZE_MAX;
   const bool map_peers = params::shm_map_shared() != 0;
