@@ -31,7 +31,7 @@ inline bool moves_as_reduced(Collective coll, int nranks, bool direct) {
 // 3 ranks 1 MiB 216-243 / 74-102 (chain), 4 MiB 795-985 / 293-425, 16 MiB
 // 1353-2152 / 1425-2195; 4 ranks 4 MiB 874-1178 / 413-559 (binomial),
 // 16 MiB 2005-2537 / 1975-3258; 8 ranks 1 MiB 324-343 / 214-252, 8 MiB
-// 1707-2023 / 2253-3985, 16 MiB 3849-5530 / 5254-7184.
+// 1707-2023 / 2253-3985, 16 MiB 3849-5530 / 5494-7184.
 inline bool stages_broadcast(double bytes, int nranks, double stage_min_bytes, double cache_bytes) {
   return stage_min_bytes > 0 && nranks > 2 && bytes >= stage_min_bytes &&
          (cache_bytes <= 0 || nranks * bytes > cache_bytes);
