@@ -329,14 +329,14 @@ double rooted_core_busy_us(AlgoKind a, bool red, const Ctx& x, size_t chunk) {
     case AlgoKind::kDirect: {
       const double o = x.direct_alpha() / 2, b = x.direct_beta();
       if (!red && stages_broadcast(n, p, static_cast<double>(x.c.stage_min_bytes), static_cast<double>(x.c.llc_bytes))) {
-        // Staged (direct.cc): the root copies its buffer once into scratch,
-        // each receiver reads it through a mapping, one copy per byte
-        // (placement-mean, as the staged all_gather), where the FIFO costs
-        // the root a copy per receiver and the receiver another. No reader
-        // starts before the root's copy is done: the other cores wait for
-        // it. Only beyond the cache: message_class.h.
-        // And as any mapped message (msg above), the root's send ends only
-        // once its reader has read it: a hand-off per reader.
+        // Staged, only beyond the cache (direct.cc, message_class.h): the
+        // root copies its buffer once into scratch, each receiver reads it
+        // through a mapping, one copy per byte (placement-mean, as the staged
+        // all_gather), where the FIFO costs the root a copy per receiver and
+        // the receiver another. No reader starts before the root's copy is
+        // done: the other cores wait for it. And as any mapped message (msg
+        // above), the root's send ends only once its reader has read it: a
+        // hand-off per reader.
         const double copy = n * x.all().beta_us_per_byte * x.c.single_copy_factor;
         at(0) += copy;
         for (int v = 1; v < p; ++v) {

@@ -162,7 +162,7 @@ struct CommCost {
   // 1 MiB 231-281 / 468, 2 MiB 492-594 / 936, 4 MiB 1040-1417 / 1870; from
   // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740.
   double fifo_cached_factor = 0.5;
-  size_t llc_bytes = 0;
+  size_t llc_bytes = 0;  // the host's last-level cache (LOOM_LLC_BYTES / sysfs)
   // Oversubscribed on one host with mappings on: the direct all_gather stages
   // a rank's block of at least this many bytes once in its scratch, the
   // direct broadcast's root its buffer, and every peer reads it from there
