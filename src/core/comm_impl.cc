@@ -102,6 +102,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
     for (int i = 0; i < nranks; ++i) ++per_host[c->host_of_rank_[i]];
     tuner_options.ranks_per_host = *std::max_element(per_host.begin(), per_host.end());
   }
+  tuner_options.map_shared = c->all_map_shared_;  // the same on every rank
   auto tuner = topo::Tuner::from_env(std::move(topology.graph), nranks, tuner_options);
   if (!tuner.is_ok()) return tuner.status().with_context("algorithm selection (LOOM_ALGO, LOOM_TUNE_*, LOOM_TUNER_PLUGIN)");
   c->tuner_ = std::move(tuner).value();
@@ -759,12 +760,22 @@ Status CommImpl::agree_settings(Deadline deadline) {
       {"LOOM_LLC_BYTES", env_string("LOOM_LLC_BYTES", "(unset)")},
   };
   const size_t kSettings = mine.size();
-  std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kSettings);
-  for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kSettings + i] = fnv1a(mine[i].value);
-  LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kSettings * sizeof(uint64_t), deadline).with_context("settings exchange"));
+  // One more word per rank, not compared: its LOOM_SHM_MAP_SHARED, which may
+  // differ (the receiving rank's setting decides) but which the tuner prices
+  // (all_map_shared_). Regression: a rank with it off priced the staged
+  // direct all_gather and broadcast without their mapped reads and chose
+  // another algorithm than its peers: "single-copy read from rank 0 failed:
+  // Protocol error", or a hang (SharedBuffers.ARankWithMappingOff...).
+  const size_t kRow = kSettings + 1;
+  std::vector<uint64_t> all(static_cast<size_t>(nranks_) * kRow);
+  for (size_t i = 0; i < kSettings; ++i) all[static_cast<size_t>(rank_) * kRow + i] = fnv1a(mine[i].value);
+  all[static_cast<size_t>(rank_) * kRow + kSettings] = static_cast<uint64_t>(params::shm_map_shared());
+  LOOM_RETURN_IF_ERROR(boot_->allgather(all.data(), kRow * sizeof(uint64_t), deadline).with_context("settings exchange"));
+  all_map_shared_ = true;
+  for (int r = 0; r < nranks_; ++r) all_map_shared_ = all_map_shared_ && all[static_cast<size_t>(r) * kRow + kSettings] != 0;
   for (size_t i = 0; i < kSettings; ++i) {
     for (int r = 0; r < nranks_; ++r) {
-      if (all[static_cast<size_t>(r) * kSettings + i] == all[i]) continue;
+      if (all[static_cast<size_t>(r) * kRow + i] == all[i]) continue;
       // Every rank sees the same table, so every rank fails alike; this
       // rank's own value is named (the others' are only hashes here).
       return invalid_argument(fmt::format(

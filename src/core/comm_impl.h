@@ -187,6 +187,7 @@ class CommImpl final : public diag::DiagClient {
   // that shapes every schedule or connection differs between ranks
   // (LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_TUNE_*, LOOM_TRANSPORT): such ranks
   // would run different schedules or setups and wait for each other.
+  // Also learns whether every rank reads mappings (all_map_shared_).
   Status agree_settings(Deadline deadline);
   // The tuner models every host as the graph it is given; ranks whose
   // discovered (or LOOM_TOPO_FILE) topologies differ would pick different
@@ -257,6 +258,10 @@ class CommImpl final : public diag::DiagClient {
   std::atomic<uint64_t> inline_ops_{0};  // likewise written under the gate only
   std::atomic<bool> stop_requested_{false};
   std::vector<int> host_of_rank_;  // host index per rank, from the bootstrap's host hashes
+  // LOOM_SHM_MAP_SHARED is on at every rank (agree_settings). Each rank's
+  // own setting decides its receives; the tuner prices mapped reads from
+  // this, so that every rank chooses the same algorithm.
+  bool all_map_shared_ = true;
 
   // ---- diagnostics (src/diag): flight recorder, fingerprints, watchdog state
   Status diag_init(Deadline deadline);

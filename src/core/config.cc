@@ -95,7 +95,8 @@ std::vector<ParamInfo>& registry() {
        "message, from 256 KiB even where LOOM_SHM_SINGLE_COPY_* leave messages to the FIFO (a reduced message "
        "between oversubscribed ranks: the receiver then reduces straight from the sender's buffer and the "
        "sender copies nothing); 0 = no mapping, process_vm_readv as the thresholds say. The receiving rank's "
-       "setting decides. The tuner prices reduce_scatter's partial sums (Loom's scratch) as mapped while it is on."},
+       "setting decides. The tuner prices reduce_scatter's partial sums (Loom's scratch) and the staged direct "
+       "all_gather and broadcast as mapped while it is on at every rank of the communicator."},
       {"LOOM_SHM_ANNOUNCED_MIN_BYTES", "bytes", "128K",
        "With more ranks than cores, the direct all_gather stages each rank's block once in its scratch and every "
        "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "

@@ -189,7 +189,7 @@ CommCost Tuner::derive_cost(int nranks) const {
     if (!gpu) c.fused_receive_factor = 0.5;
     if (c.oversubscribed) c.cores = params::host_cores();
     if (!gpu) c.llc_bytes = params::host_llc_bytes();
-    if (params::shm_map_shared() != 0) {
+    if (options_.map_shared.value_or(params::shm_map_shared() != 0)) {
       c.map_min_bytes = params::shm_map_min_bytes();
       c.map_cache_bytes = params::host_llc_bytes();
       // Oversubscribed, a partial sum read through a mapping costs its

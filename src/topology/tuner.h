@@ -44,6 +44,11 @@ struct Selection {
 struct TunerOptions {
   int ranks_per_host = 0;  // 0: from the graph (see map_ranks)
   TransportPolicy transport;
+  // Whether receivers read mem_alloc buffers through mappings
+  // (LOOM_SHM_MAP_SHARED), for the model's mapped reads and staged sends.
+  // A communicator passes whether every rank has it on, so every rank
+  // prices alike and chooses the same algorithm; unset: this process's own.
+  std::optional<bool> map_shared;
 };
 
 // Base latency of one message per transport (software + wire), in us.

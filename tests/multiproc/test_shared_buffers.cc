@@ -99,7 +99,10 @@ void run_ranks(int n, const std::function<bool(int, Comm&, std::string*)>& body,
     else setenv("LOOM_SHM_SINGLE_COPY_BYTES", single_copy, 1);
     if (single_copy && std::strcmp(single_copy, "0") == 0) setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "0", 1);
     if (plain) setenv("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", plain, 1);
-    setenv("LOOM_SHM_MAP_SHARED", map_shared, 1);
+    // "a,b,...": rank r's own value, the r-th (a launcher's per-rank environment).
+    std::string map = map_shared;
+    for (int k = 0; k < r && map.find(',') != std::string::npos; ++k) map.erase(0, map.find(',') + 1);
+    setenv("LOOM_SHM_MAP_SHARED", map.substr(0, map.find(',')).c_str(), 1);
     auto comm = Comm::init_rank(*id, n, r);
     std::string err;
     if (!comm.is_ok()) err = comm.status().to_string();
@@ -516,6 +519,36 @@ TEST(SharedBuffers, WithinTheCacheTheRootBufferGoesThroughTheFifo) {
 TEST(SharedBuffers, OversubscribedRootWritesNothingIntoItsReaders) {
   staged_direct(Collective::kBroadcast, "1", "1G", true, true);
 }
+
+// LOOM_SHM_MAP_SHARED is the receiving rank's own setting (not agreed at
+// init): a rank with it off takes staged blocks through its FIFO. The tuner
+// must still choose the same algorithm on every rank, so it must not price
+// the staged direct all_gather / broadcast from the rank's own setting.
+// Chosen by the tuner (no LOOM_ALGO), rank 0 with mapping off.
+void mixed_mapping(Collective coll) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cpus > 3) GTEST_SKIP() << cpus << " CPUs: " << 2 * cpus << " processes would be too many for this test";
+  const int n = 2 * cpus;
+  std::string map = "0";
+  for (int r = 1; r < n; ++r) map += ",1";
+  setenv("LOOM_TIMEOUT", "20", 1);
+  setenv("LOOM_LLC_BYTES", "256K", 1);  // the broadcast stages beyond the cache
+  run_ranks(n, [coll](int, Comm& comm, std::string* err) {
+    testing::Case cs;
+    cs.coll = coll;
+    cs.root = 1;
+    for (size_t count : {size_t{1} << 15, size_t{1} << 18, size_t{1} << 20}) {
+      cs.count = count;
+      if (Status st = testing::run_case(comm, cs); !st.is_ok())
+        return *err = std::to_string(count * 4) + " B: " + st.to_string(), false;
+    }
+    return true;
+  }, map.c_str(), nullptr);
+  unsetenv("LOOM_TIMEOUT");
+  unsetenv("LOOM_LLC_BYTES");
+}
+TEST(SharedBuffers, ARankWithMappingOffRunsTheSameAllGather) { mixed_mapping(Collective::kAllGather); }
+TEST(SharedBuffers, ARankWithMappingOffRunsTheSameBroadcast) { mixed_mapping(Collective::kBroadcast); }
 
 // Every rank lays out its segment and reads its peers' with its own
 // LOOM_SHM_FIFO_BYTES. Ranks that disagree (one launcher's environment set

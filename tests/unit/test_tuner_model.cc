@@ -1002,6 +1002,25 @@ TEST(TunerSelect, OversubscribedMappedReadsCostAFifoCopy) {
   }
 }
 
+// A communicator hands the tuner whether every rank maps (agreed at init,
+// TunerOptions::map_shared), and the model's mapped reads and staged sends
+// follow that, not this process's LOOM_SHM_MAP_SHARED: a rank with mapping
+// off must choose what its peers choose. Regression: it priced without the
+// staged direct all_gather / broadcast and chose another algorithm
+// (multiproc SharedBuffers.ARankWithMappingOff..., which needs <= 3 CPUs).
+TEST(TunerSelect, MappedReadsArePricedFromTheAgreedSetting) {
+  const int p = 2 * params::host_cores();  // oversubscribed on any host
+  for (bool map : {false, true}) {
+    TunerOptions o;
+    o.map_shared = map;
+    Tuner t(flat_host(), o);
+    const CommCost c = t.cost(p);
+    ASSERT_TRUE(c.oversubscribed);
+    EXPECT_EQ(c.stage_min_bytes > 0, map) << "map_shared " << map;
+    EXPECT_EQ(c.map_min_bytes > 0, map) << "map_shared " << map;
+  }
+}
+
 TEST(TunerSelect, UnknownNamesAndEmptyLists) {
   Tuner t(flat_host());
   auto s = t.select(Collective::kAllToAll, 4096, 4, {"mystery"});
