@@ -746,6 +746,10 @@ Status CommImpl::agree_settings(Deadline deadline) {
     std::string value;  // as this rank reads it
   };
   const uint64_t chunk = params::chunk_bytes_if_set().value_or(0);
+  auto bytes_setting = [](const char* name) {
+    const std::optional<uint64_t> v = env_bytes_if_set(name);
+    return v ? std::to_string(*v) : std::string("(unset)");
+  };
   const std::vector<Setting> mine = {
       {"LOOM_CHUNK_BYTES", chunk ? std::to_string(chunk) : "(unset)"},
       {"LOOM_ALGO", env_string("LOOM_ALGO", "(unset)")},
@@ -758,6 +762,12 @@ Status CommImpl::agree_settings(Deadline deadline) {
       // The direct broadcast stages from it (stages_broadcast). Only the
       // variable: hosts may differ in what sysfs says, ranks of one host not.
       {"LOOM_LLC_BYTES", env_string("LOOM_LLC_BYTES", "(unset)")},
+      // The tuner prices single-copy messages from them (a 4-rank all_gather
+      // of 1 MiB: direct on three ranks, hypercube on the one that set
+      // LOOM_SHM_SINGLE_COPY_BYTES=16K: "single-copy read from rank 0
+      // failed: Protocol error"). As read, so that 16K and 16384 agree.
+      {"LOOM_SHM_SINGLE_COPY_BYTES", bytes_setting("LOOM_SHM_SINGLE_COPY_BYTES")},
+      {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", bytes_setting("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES")},
   };
   const size_t kSettings = mine.size();
   // One more word per rank, not compared: its LOOM_SHM_MAP_SHARED, which may

@@ -51,14 +51,15 @@ std::vector<ParamInfo>& registry() {
        "the default of LOOM_SHM_SINGLE_COPY_PLAIN_BYTES. auto: between processes never (the FIFO's two copies "
        "measured 2x faster than process_vm_readv for these ops); between threads of one process 256K when the "
        "host runs no more ranks than it has CPUs, else 0. Messages from mem_alloc memory, Loom's scratch "
-       "included, still go single copy through a mapping: LOOM_SHM_MAP_SHARED."},
+       "included, still go single copy through a mapping: LOOM_SHM_MAP_SHARED. Must be the same on every rank "
+       "(checked at init: the tuner prices single-copy messages from it)."},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", "bytes", "auto",
        "Single-copy threshold for the messages of the other collectives (all_gather, all_to_all, send/recv, "
        "2-rank broadcast), which the receiver only stores; 0 disables. auto: LOOM_SHM_SINGLE_COPY_BYTES if "
        "set; else between processes never (the FIFO measured 1.05-2x faster with a CPU per rank, copying in "
        "steps on both cores, and 1.1-1.5x oversubscribed, except send/recv at 1-16M); between threads "
        "256K (below it, reading freshly written data costs more than the FIFO's two copies; 16K suits inputs "
-       "that never change between calls, as in nccl-tests' loop)."},
+       "that never change between calls, as in nccl-tests' loop). Must be the same on every rank (checked at init)."},
       {"LOOM_CHUNK_BYTES", "bytes", "512K", "Pipelining chunk of chain and tree broadcast/reduce, of binomial broadcast, of the ring allreduce's slices and of the columns of Rabenseifner (allreduce, reduce_scatter) and of the recursive-doubling all_gather; set, it overrides the cost model's chunk. At least 4K (smaller values are refused with a warning); must be the same on every rank."},
       {"LOOM_TUNE_ALPHA_US", "double", "",
        "Cost model calibration: measured per-message latency (us) between ring neighbours; needs "

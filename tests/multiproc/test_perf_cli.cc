@@ -348,6 +348,16 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(a.rc, 0) << a.out;
   EXPECT_NE(a.out.find("this is rank 2, LOOM_SHM_ANNOUNCED_MIN_BYTES=1048576"), std::string::npos) << a.out;
   EXPECT_EQ(a.out.find("Timeout"), std::string::npos) << a.out;
+  // LOOM_SHM_SINGLE_COPY_BYTES: the tuner prices single-copy messages from
+  // it. Regression: 4 ranks on 2 cores, 1 MiB all_gather: rank 1 ran
+  // hypercube, the others direct ("single-copy read from rank 0 failed:
+  // Protocol error").
+  Outcome s = run(bin_dir() + "/loomrun -n 4 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_SHM_SINGLE_COPY_BYTES=16K; fi; "
+                  "LOOM_TUNE_HAND_OFF=0 exec " + bin_dir() + "/all_gather_perf -b 1M -e 1M -n 1 -w 1 -T 20'");
+  EXPECT_NE(s.rc, 0) << s.out;
+  EXPECT_NE(s.out.find("this is rank 1, LOOM_SHM_SINGLE_COPY_BYTES=16384"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.find("Protocol error"), std::string::npos) << s.out;
 }
 
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
