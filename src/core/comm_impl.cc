@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "diag/params.h"
 #include "kernels/host_reduce.h"
 #include "topology/discover.h"
 #include "topology/topo_xml.h"
@@ -768,6 +769,11 @@ Status CommImpl::agree_settings(Deadline deadline) {
       // failed: Protocol error"). As read, so that 16K and 16384 agree.
       {"LOOM_SHM_SINGLE_COPY_BYTES", bytes_setting("LOOM_SHM_SINGLE_COPY_BYTES")},
       {"LOOM_SHM_SINGLE_COPY_PLAIN_BYTES", bytes_setting("LOOM_SHM_SINGLE_COPY_PLAIN_BYTES")},
+      // An op's first message to a peer carries its fingerprint or not.
+      // Regression: with it off on one rank, its peer read data where it
+      // expected a header and blamed the calls ("mismatched operations: the
+      // stream from rank 1 is out of step").
+      {"LOOM_FINGERPRINT", diag::params::fingerprints() ? "1" : "0"},
   };
   const size_t kSettings = mine.size();
   // One more word per rank, not compared: its LOOM_SHM_MAP_SHARED, which may

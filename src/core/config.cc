@@ -142,7 +142,7 @@ std::vector<ParamInfo>& registry() {
        "Flight recorder: operations kept per communicator (ring buffer shown by live queries and dumps); 0 = off."},
       {"LOOM_FINGERPRINT", "bool", "1",
        "Prepend a 32-byte operation fingerprint to each op's first message to each peer, so mismatched calls "
-       "fail at once with both calls named (0 = off; every rank must agree)."},
+       "fail at once with both calls named (0 = off). Must be the same on every rank (checked at init)."},
       {"LOOM_DUMP_DIR", "string", "",
        "Directory for JSON diagnostic dumps (one file per rank, written on failure, timeout and SIGUSR1; read by "
        "loom-doctor analyze). Unset: no dump files."},

@@ -358,6 +358,15 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(s.rc, 0) << s.out;
   EXPECT_NE(s.out.find("this is rank 1, LOOM_SHM_SINGLE_COPY_BYTES=16384"), std::string::npos) << s.out;
   EXPECT_EQ(s.out.find("Protocol error"), std::string::npos) << s.out;
+  // LOOM_FINGERPRINT: the op header travels on both ends or on neither.
+  // Regression: with it off on rank 1, rank 0 read data for a header and
+  // blamed the calls ("mismatched operations: ... out of step").
+  Outcome f = run(bin_dir() + "/loomrun -n 2 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_FINGERPRINT=0; fi; exec " + bin_dir() +
+                  "/all_reduce_perf -b 8 -e 1M -f 16 -n 1 -w 1 -T 20'");
+  EXPECT_NE(f.rc, 0) << f.out;
+  EXPECT_NE(f.out.find("this is rank 1, LOOM_FINGERPRINT=0"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("mismatched operations"), std::string::npos) << f.out;
 }
 
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
