@@ -7,6 +7,8 @@
 #include <immintrin.h>
 #include <sched.h>
 
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -751,6 +753,12 @@ Status CommImpl::agree_settings(Deadline deadline) {
     const std::optional<uint64_t> v = env_bytes_if_set(name);
     return v ? std::to_string(*v) : std::string("(unset)");
   };
+  auto plugin_setting = [] {
+    const std::string path = env_string("LOOM_TUNER_PLUGIN", "");
+    if (path.empty()) return std::string("(unset)");
+    char resolved[PATH_MAX];
+    return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+  };
   const std::vector<Setting> mine = {
       {"LOOM_CHUNK_BYTES", chunk ? std::to_string(chunk) : "(unset)"},
       {"LOOM_ALGO", env_string("LOOM_ALGO", "(unset)")},
@@ -774,6 +782,12 @@ Status CommImpl::agree_settings(Deadline deadline) {
       // expected a header and blamed the calls ("mismatched operations: the
       // stream from rank 1 is out of step").
       {"LOOM_FINGERPRINT", diag::params::fingerprints() ? "1" : "0"},
+      // The plugin chooses algorithms before the cost model does. Regression:
+      // set on rank 1 of 2 only, its "tree" for a small allreduce met its
+      // peer's hypercube: "mismatched operations: the stream from rank 1 is
+      // out of step", or (4 ranks) a hang until the deadline. The file as
+      // resolved, so that a relative path or a link to it agrees.
+      {"LOOM_TUNER_PLUGIN", plugin_setting()},
   };
   const size_t kSettings = mine.size();
   // One more word per rank, not compared: its LOOM_SHM_MAP_SHARED, which may

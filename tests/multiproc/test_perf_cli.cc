@@ -367,6 +367,19 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(f.rc, 0) << f.out;
   EXPECT_NE(f.out.find("this is rank 1, LOOM_FINGERPRINT=0"), std::string::npos) << f.out;
   EXPECT_EQ(f.out.find("mismatched operations"), std::string::npos) << f.out;
+  // LOOM_TUNER_PLUGIN: the plugin chooses algorithms before the cost model.
+  // Regression: on rank 1 of 2 only, an 8-byte allreduce ran tree there and
+  // hypercube on rank 0: "mismatched operations: the stream from rank 1 is
+  // out of step" (4 ranks: a hang until the deadline).
+  Outcome p = run(bin_dir() + "/loomrun -n 2 -- sh -c "
+                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_TUNER_PLUGIN=" + bin_dir() +
+                  "/../lib/libloom-tuner-example.so; fi; exec " + bin_dir() +
+                  "/all_reduce_perf -b 8 -e 8 -n 1 -w 1 -T 20'");
+  EXPECT_NE(p.rc, 0) << p.out;
+  EXPECT_NE(p.out.find("LOOM_TUNER_PLUGIN differs between ranks"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("this is rank 0, LOOM_TUNER_PLUGIN=(unset)"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("libloom-tuner-example.so): it must be the same"), std::string::npos) << p.out;
+  EXPECT_EQ(p.out.find("mismatched operations"), std::string::npos) << p.out;
 }
 
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
