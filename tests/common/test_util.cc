@@ -454,7 +454,9 @@ std::string build_bin(const std::string& name) {
   return std::string(b ? b : ".") + "/bin/" + name;
 }
 
-int unused_loopback_port() {
+int unused_loopback_port() { return unused_loopback_port(static_cast<unsigned>(getpid())); }
+
+int unused_loopback_port(unsigned seed) {
   int lo = 32768;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     int a = 0, b = 0;
@@ -465,9 +467,12 @@ int unused_loopback_port() {
   const int span = lo - first;
   if (span <= 0) return 0;
   // Start at a pid-derived offset so that tests running at once under
-  // ctest -j try different ports first.
+  // ctest -j try different ports first. Unsigned: with an int, pids beyond
+  // 271k (pid_max is 4194304 on many hosts) overflowed (undefined), and the
+  // negative remainder put the port below `first` (below 1025 where the
+  // ephemeral range starts under 11024).
   for (int i = 0; i < span; ++i) {
-    int port = first + (getpid() * 7919 + i) % span;
+    const int port = first + static_cast<int>((seed * 7919u + static_cast<unsigned>(i)) % static_cast<unsigned>(span));
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return 0;
     int one = 1;

@@ -113,7 +113,9 @@ std::string run_command(const std::string& cmd);
 // releasing it and rank 0 binding it, another rank's own bind(0) or connect()
 // can take it. Regression: EnvBootstrap.OpenMpi failed in CI with "bind
 // 127.0.0.1:37099: Address already in use". Returns 0 if none was found.
+// `seed` picks the first port tried (default: this process's pid).
 int unused_loopback_port();
+int unused_loopback_port(unsigned seed);
 
 // Names of /dev/shm entries Loom creates ("loom-*") whose creating process
 // has exited: segments left behind. A segment whose creator still runs

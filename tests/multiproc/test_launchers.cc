@@ -283,6 +283,29 @@ TEST(EnvBootstrap, MissingVariablesGiveAClearError) {
   EXPECT_NE(res[0].output.find("no rank in the environment"), std::string::npos) << res[0].output;
 }
 
+// The root ports the tests above hand out lie in the band they search, below
+// the ephemeral range, for any pid. Regression: the first port tried came
+// from an int, pid * 7919, which overflowed for pids beyond 271k (pid_max is
+// 4194304 on many hosts; undefined behaviour), and its negative remainder
+// put the port below the band (here 12769-22767 for a band 22768-32767; on a
+// host whose ephemeral range starts below 11024, below 1025).
+TEST(EnvBootstrap, TestPortsStayBelowTheEphemeralRangeForAnyPid) {
+  int lo = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int a = 0, b = 0;
+    if (std::fscanf(f, "%d %d", &a, &b) == 2) lo = a;
+    std::fclose(f);
+  }
+  if (lo <= 1026) GTEST_SKIP() << "ephemeral range starts at " << lo << ": no room below it";
+  const int band = lo > 11024 ? lo - 10000 : 1025;  // the band unused_loopback_port searches
+  for (unsigned seed : {0u, 1u, 271829u, 4194303u, 4294967295u}) {
+    const int p = testing::unused_loopback_port(seed);
+    if (p == 0) continue;  // every port in the band is taken (not the case here)
+    EXPECT_GE(p, band) << "seed " << seed;
+    EXPECT_LT(p, lo) << "seed " << seed;
+  }
+}
+
 // Two ranks with the given variables each, on one root port.
 std::vector<testing::ChildResult> env_pair(const std::vector<std::vector<std::pair<const char*, std::string>>>& envs,
                                            double timeout_s) {
