@@ -320,66 +320,59 @@ TEST_F(PerfCli, StepFactorOneAddsTheStepBytes) {
   EXPECT_EQ(sizes, (std::vector<std::string>{"1536", "2560", "3584"})) << r.out;
 }
 
+// Runs `perf` (a perf binary with its flags) on n ranks under loomrun, rank
+// `who` with `setting` (VAR=VALUE) exported, and checks that init failed on
+// every rank naming the variable, before the run showed what it used to: a
+// hang ("Timeout"), a protocol error or a blamed call.
+Outcome one_rank_differs(int n, int who, const std::string& setting, const std::string& perf,
+                         const std::string& env_all = "") {
+  Outcome r = run(bin_dir() + "/loomrun -n " + std::to_string(n) + " -- sh -c 'if [ \"$LOOM_RANK\" = " +
+                  std::to_string(who) + " ]; then export " + setting + "; fi; " + env_all + "exec " + bin_dir() + "/" +
+                  perf + " -n 1 -w 1 -T 20'");
+  const std::string var = setting.substr(0, setting.find('='));
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find(var + " differs between ranks"), std::string::npos) << r.out;
+  for (const char* symptom : {"Timeout", "Protocol error", "mismatched operations"})
+    EXPECT_EQ(r.out.find(symptom), std::string::npos) << symptom << " in\n" << r.out;
+  return r;
+}
+
 // A setting that shapes every schedule must agree between ranks: init fails
 // on every rank, naming it. Regression: LOOM_CHUNK_BYTES=64K on one rank of
 // three hung an 8 MiB broadcast until the deadline, naming nothing.
 TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
-  Outcome r = run(bin_dir() + "/loomrun -n 3 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_CHUNK_BYTES=64K; fi; exec " + bin_dir() +
-                  "/broadcast_perf -b 8M -e 8M -n 1 -w 1 -T 20'");
-  EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("LOOM_CHUNK_BYTES differs between ranks"), std::string::npos) << r.out;
+  Outcome r = one_rank_differs(3, 1, "LOOM_CHUNK_BYTES=64K", "broadcast_perf -b 8M -e 8M");
   EXPECT_NE(r.out.find("this is rank 1, LOOM_CHUNK_BYTES=65536"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("Timeout"), std::string::npos) << r.out;
   // LOOM_TRANSPORT too, before any transport is set up. Regression: rank 0
   // on sockets and its peers on shm ran different setup exchanges; the error
   // named LOOM_CHUNK_BYTES or a closed connection, or init hung.
-  Outcome t = run(bin_dir() + "/loomrun -n 3 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 0 ]; then export LOOM_TRANSPORT=socket; fi; exec " + bin_dir() +
-                  "/all_reduce_perf -b 8 -e 8 -n 1 -w 1 -T 20'");
-  EXPECT_NE(t.rc, 0) << t.out;
+  Outcome t = one_rank_differs(3, 0, "LOOM_TRANSPORT=socket", "all_reduce_perf -b 8 -e 8");
   EXPECT_NE(t.out.find("this is rank 0, LOOM_TRANSPORT=socket"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("this is rank 2, LOOM_TRANSPORT=auto"), std::string::npos) << t.out;
   // LOOM_SHM_ANNOUNCED_MIN_BYTES: both ends of a staged all_gather block
   // take its header threshold from their own steps (Step::announced).
-  Outcome a = run(bin_dir() + "/loomrun -n 3 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 2 ]; then export LOOM_SHM_ANNOUNCED_MIN_BYTES=1M; fi; exec " + bin_dir() +
-                  "/all_gather_perf -b 8M -e 8M -n 1 -w 1 -T 20'");
-  EXPECT_NE(a.rc, 0) << a.out;
+  Outcome a = one_rank_differs(3, 2, "LOOM_SHM_ANNOUNCED_MIN_BYTES=1M", "all_gather_perf -b 8M -e 8M");
   EXPECT_NE(a.out.find("this is rank 2, LOOM_SHM_ANNOUNCED_MIN_BYTES=1048576"), std::string::npos) << a.out;
-  EXPECT_EQ(a.out.find("Timeout"), std::string::npos) << a.out;
   // LOOM_SHM_SINGLE_COPY_BYTES: the tuner prices single-copy messages from
   // it. Regression: 4 ranks on 2 cores, 1 MiB all_gather: rank 1 ran
   // hypercube, the others direct ("single-copy read from rank 0 failed:
   // Protocol error").
-  Outcome s = run(bin_dir() + "/loomrun -n 4 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_SHM_SINGLE_COPY_BYTES=16K; fi; "
-                  "LOOM_TUNE_HAND_OFF=0 exec " + bin_dir() + "/all_gather_perf -b 1M -e 1M -n 1 -w 1 -T 20'");
-  EXPECT_NE(s.rc, 0) << s.out;
+  Outcome s = one_rank_differs(4, 1, "LOOM_SHM_SINGLE_COPY_BYTES=16K", "all_gather_perf -b 1M -e 1M",
+                               "LOOM_TUNE_HAND_OFF=0 ");
   EXPECT_NE(s.out.find("this is rank 1, LOOM_SHM_SINGLE_COPY_BYTES=16384"), std::string::npos) << s.out;
-  EXPECT_EQ(s.out.find("Protocol error"), std::string::npos) << s.out;
   // LOOM_FINGERPRINT: the op header travels on both ends or on neither.
   // Regression: with it off on rank 1, rank 0 read data for a header and
   // blamed the calls ("mismatched operations: ... out of step").
-  Outcome f = run(bin_dir() + "/loomrun -n 2 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_FINGERPRINT=0; fi; exec " + bin_dir() +
-                  "/all_reduce_perf -b 8 -e 1M -f 16 -n 1 -w 1 -T 20'");
-  EXPECT_NE(f.rc, 0) << f.out;
+  Outcome f = one_rank_differs(2, 1, "LOOM_FINGERPRINT=0", "all_reduce_perf -b 8 -e 1M -f 16");
   EXPECT_NE(f.out.find("this is rank 1, LOOM_FINGERPRINT=0"), std::string::npos) << f.out;
-  EXPECT_EQ(f.out.find("mismatched operations"), std::string::npos) << f.out;
   // LOOM_TUNER_PLUGIN: the plugin chooses algorithms before the cost model.
   // Regression: on rank 1 of 2 only, an 8-byte allreduce ran tree there and
   // hypercube on rank 0: "mismatched operations: the stream from rank 1 is
   // out of step" (4 ranks: a hang until the deadline).
-  Outcome p = run(bin_dir() + "/loomrun -n 2 -- sh -c "
-                  "'if [ \"$LOOM_RANK\" = 1 ]; then export LOOM_TUNER_PLUGIN=" + bin_dir() +
-                  "/../lib/libloom-tuner-example.so; fi; exec " + bin_dir() +
-                  "/all_reduce_perf -b 8 -e 8 -n 1 -w 1 -T 20'");
-  EXPECT_NE(p.rc, 0) << p.out;
-  EXPECT_NE(p.out.find("LOOM_TUNER_PLUGIN differs between ranks"), std::string::npos) << p.out;
+  Outcome p = one_rank_differs(2, 1, "LOOM_TUNER_PLUGIN=" + bin_dir() + "/../lib/libloom-tuner-example.so",
+                               "all_reduce_perf -b 8 -e 8");
   EXPECT_NE(p.out.find("this is rank 0, LOOM_TUNER_PLUGIN=(unset)"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("libloom-tuner-example.so): it must be the same"), std::string::npos) << p.out;
-  EXPECT_EQ(p.out.find("mismatched operations"), std::string::npos) << p.out;
 }
 
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
