@@ -183,10 +183,12 @@ class CommImpl final : public diag::DiagClient {
   Result<const RankSchedule*> schedule_for(const CollArgs& args);
   // LOOM_TUNE_CALIBRATE=1: measure links and reduction, agree, and feed the tuner (core/calibrate.h).
   Status calibrate_tuner(Deadline deadline);
-  // Fails init, naming the variable and two ranks' values, when a setting
-  // that shapes every schedule or connection differs between ranks
-  // (LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_TUNE_*, LOOM_TRANSPORT): such ranks
-  // would run different schedules or setups and wait for each other.
+  // Fails init, naming the variable and this rank's value, when a setting
+  // that shapes every schedule, the tuner's choice, the wire format or a
+  // connection differs between ranks (LOOM_CHUNK_BYTES, LOOM_ALGO,
+  // LOOM_TUNE_*, LOOM_TRANSPORT, LOOM_FINGERPRINT, ...: the list is in the
+  // definition and in docs/troubleshooting.md): such ranks would run
+  // different schedules or setups and wait for each other.
   // Also learns whether every rank reads mappings (all_map_shared_).
   Status agree_settings(Deadline deadline);
   // The tuner models every host as the graph it is given; ranks whose
