@@ -3,10 +3,12 @@
 // process_vm_readv, with the same results, also when a buffer is freed and
 // its address handed out again.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -358,6 +360,107 @@ TEST(SharedBuffers, AFreedBufferIsNeverReadThroughAStaleMapping) {
     }
     return ok;
   });
+}
+
+// A receiver keeps its mappings of a sender's buffers across communicators,
+// keyed by the sender's pid and buffer id. Buffer ids start at a random
+// value per process, but processes forked from one that had used mem_alloc
+// inherit its next id; if one of them then gets a dead one's pid (pids
+// wrap, at 32768 by default), its first buffer has the dead one's (pid, id).
+// The receiver must read the new sender's buffer, not its mapping of the
+// dead one's. Regression: the cache matched (pid, id) only and handed back
+// the old mapping; the receiver got the dead sender's bytes, silently
+// ("sender 2: element 777 = 777"). The second sender gets the first one's
+// pid through ns_last_pid (root).
+TEST(SharedBuffers, ASenderWithAReusedPidIsNotReadThroughTheDeadOnesMapping) {
+  if (access("/proc/sys/kernel/ns_last_pid", W_OK) != 0) GTEST_SKIP() << "cannot choose the next pid (needs root)";
+  constexpr size_t kCount = 1 << 18;  // 1 MiB of floats: read through a mapping
+  {  // the senders fork from a process that has used mem_alloc: they share its next buffer id
+    Result<void*> p = mem_alloc(16);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_TRUE(mem_free(*p).is_ok());
+  }
+  setenv("LOOM_TIMEOUT", "30", 1);
+  auto id1 = testing::unique_id();
+  ASSERT_TRUE(id1.is_ok()) << id1.status().to_string();
+  int to_r[2], from_r[2];
+  ASSERT_EQ(pipe(to_r), 0);
+  ASSERT_EQ(pipe(from_r), 0);
+  // Rank 0 of a 2-rank communicator: one message of i % mod from a new
+  // mem_alloc buffer (the process's next buffer id).
+  auto sender = [&](const UniqueId& id, size_t mod) {
+    auto comm = Comm::init_rank(id, 2, 0);
+    if (!comm.is_ok()) _exit(2);
+    Result<void*> p = mem_alloc(kCount * sizeof(float));
+    if (!p.is_ok()) _exit(3);
+    auto* src = static_cast<float*>(*p);
+    for (size_t i = 0; i < kCount; ++i) src[i] = static_cast<float>(i % mod);
+    const bool ok = one_send(**comm, 0, src, nullptr, kCount).is_ok() && (*comm)->destroy().is_ok();
+    _exit(ok ? 0 : 4);
+  };
+  // The receiver, rank 1 of both communicators, one process throughout.
+  const pid_t r = fork();
+  ASSERT_GE(r, 0);
+  if (r == 0) {
+    close(to_r[1]);
+    close(from_r[0]);
+    auto fail = [&](const std::string& m) {
+      (void)!write(from_r[1], m.data(), m.size());
+      _exit(1);
+    };
+    for (int round = 0; round < 2; ++round) {
+      UniqueId id = *id1;
+      if (round == 1 && read(to_r[0], id.bytes, sizeof(id.bytes)) != static_cast<ssize_t>(sizeof(id.bytes)))
+        fail("no second unique id");
+      auto comm = Comm::init_rank(id, 2, 1);
+      if (!comm.is_ok()) fail(comm.status().to_string());
+      std::vector<float> heap(kCount, 0.0f);
+      const uint64_t single0 = ShmTransport::single_copy_messages(), mapped0 = ShmTransport::mapped_messages();
+      if (Status st = one_send(**comm, 1, nullptr, heap.data(), kCount); !st.is_ok()) fail(st.to_string());
+      std::string err;
+      if (!check_one(heap, round == 0 ? 1000 : 777, single0, mapped0, 1, &err))
+        fail("sender " + std::to_string(round + 1) + ": " + err);
+      if (Status st = (*comm)->destroy(); !st.is_ok()) fail(st.to_string());
+    }
+    _exit(0);
+  }
+  close(to_r[0]);
+  close(from_r[1]);
+  struct Reap {  // the receiver, on every way out
+    pid_t pid;
+    ~Reap() {
+      if (pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+    }
+  } reap{r};
+  const pid_t b = fork();
+  ASSERT_GE(b, 0);
+  if (b == 0) sender(*id1, 1000);
+  int status = 0;
+  ASSERT_EQ(waitpid(b, &status, 0), b);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "first sender: status " << status;
+  auto id2 = testing::unique_id();  // after the first communicator's rendezvous (it ends the first's root)
+  ASSERT_TRUE(id2.is_ok()) << id2.status().to_string();
+  ASSERT_EQ(write(to_r[1], id2->bytes, sizeof(id2->bytes)), static_cast<ssize_t>(sizeof(id2->bytes)));
+  if (FILE* f = std::fopen("/proc/sys/kernel/ns_last_pid", "w")) {  // the next fork gets b's pid
+    std::fprintf(f, "%d", b - 1);
+    std::fclose(f);
+  }
+  const pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) sender(*id2, 777);
+  ASSERT_EQ(waitpid(c, &status, 0), c);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "second sender: status " << status;
+  ASSERT_EQ(waitpid(r, &status, 0), r);
+  reap.pid = 0;
+  std::string out(4096, '\0');
+  const ssize_t n = read(from_r[0], out.data(), out.size());
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  close(to_r[1]);
+  close(from_r[0]);
+  unsetenv("LOOM_TIMEOUT");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "receiver: " << out;
+  EXPECT_TRUE(testing::loom_shm_segments().empty());
+  if (c != b) GTEST_SKIP() << "the second sender got pid " << c << ", not " << b << " (another fork came between)";
 }
 
 // The message class of a reducing collective is the op's: with

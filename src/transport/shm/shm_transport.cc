@@ -333,7 +333,13 @@ bool segment_owner_alive(int fd) {
 // A receiver's mappings of its peers' mem_alloc buffers, shared by every
 // connection of this process and kept across operations (mapping costs two
 // system calls and the page-table set-up of the whole buffer). Keyed by
-// (pid, buffer id): ids are never reused. A mapping keeps its buffer's
+// (pid, buffer id, file inode): a process never reuses an id, but a pid
+// comes back, and processes forked from one that had used mem_alloc start
+// at its next id. Regression: keyed by (pid, id), a sender that got a dead
+// one's pid had its first buffer read through the mapping of the dead
+// one's (SharedBuffers.ASenderWithAReusedPidIsNotReadThroughTheDeadOnesMapping).
+// A mapped file's inode is not handed to another file while the mapping
+// holds it. A mapping keeps its buffer's
 // memory alive after the sender frees it, so all mappings of a process go
 // as soon as one of its descriptors shows that it freed a buffer since, and
 // the least recently used goes beyond kMaxPeerMappings. A process whose
@@ -368,7 +374,7 @@ class PeerMaps {
     }
     ++clock_;
     for (Entry& e : entries_)
-      if (e.pid == d.pid && e.id == d.map_id) {
+      if (e.pid == d.pid && e.id == d.map_id && e.inode == d.map_inode) {
         e.last_use = clock_;
         return e.map;
       }
@@ -377,7 +383,7 @@ class PeerMaps {
     if (entries_.size() >= kMaxPeerMappings)
       entries_.erase(std::min_element(entries_.begin(), entries_.end(),
                                       [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; }));
-    entries_.push_back({d.pid, d.map_id, clock_, m});
+    entries_.push_back({d.pid, d.map_id, d.map_inode, clock_, m});
     return m;
   }
 
@@ -389,6 +395,7 @@ class PeerMaps {
   struct Entry {
     int64_t pid;
     uint64_t id;
+    uint64_t inode;
     uint64_t last_use;
     std::shared_ptr<PeerMapping> map;
   };
