@@ -456,14 +456,18 @@ std::string build_bin(const std::string& name) {
 
 int unused_loopback_port() { return unused_loopback_port(static_cast<unsigned>(getpid())); }
 
-int unused_loopback_port(unsigned seed) {
+std::pair<int, int> loopback_port_band() {
   int lo = 32768;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     int a = 0, b = 0;
     if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 1024) lo = a;
     std::fclose(f);
   }
-  const int first = lo > 11024 ? lo - 10000 : 1025;  // at least 1025, below the range
+  return {lo > 11024 ? lo - 10000 : 1025, lo};  // at least 1025, below the range
+}
+
+int unused_loopback_port(unsigned seed) {
+  const auto [first, lo] = loopback_port_band();
   const int span = lo - first;
   if (span <= 0) return 0;
   // Start at a pid-derived offset so that tests running at once under

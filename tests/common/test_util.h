@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/comm.h"
@@ -116,6 +117,8 @@ std::string run_command(const std::string& cmd);
 // `seed` picks the first port tried (default: this process's pid).
 int unused_loopback_port();
 int unused_loopback_port(unsigned seed);
+// The ports it searches: [first, end), end = where the ephemeral range starts.
+std::pair<int, int> loopback_port_band();
 
 // Names of /dev/shm entries Loom creates ("loom-*") whose creating process
 // has exited: segments left behind. A segment whose creator still runs

@@ -290,14 +290,8 @@ TEST(EnvBootstrap, MissingVariablesGiveAClearError) {
 // put the port below the band (here 12769-22767 for a band 22768-32767; on a
 // host whose ephemeral range starts below 11024, below 1025).
 TEST(EnvBootstrap, TestPortsStayBelowTheEphemeralRangeForAnyPid) {
-  int lo = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    int a = 0, b = 0;
-    if (std::fscanf(f, "%d %d", &a, &b) == 2) lo = a;
-    std::fclose(f);
-  }
-  if (lo <= 1026) GTEST_SKIP() << "ephemeral range starts at " << lo << ": no room below it";
-  const int band = lo > 11024 ? lo - 10000 : 1025;  // the band unused_loopback_port searches
+  const auto [band, lo] = testing::loopback_port_band();
+  if (band >= lo) GTEST_SKIP() << "ephemeral range starts at " << lo << ": no room below it";
   for (unsigned seed : {0u, 1u, 271829u, 4194303u, 4294967295u}) {
     const int p = testing::unused_loopback_port(seed);
     if (p == 0) continue;  // every port in the band is taken (not the case here)
