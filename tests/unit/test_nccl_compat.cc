@@ -1,0 +1,242 @@
+// Behaviours of NCCL 2.28 that programs written for NCCL rely on, checked on
+// one thread driving N ranks (ncclCommInitAll, grouped calls): root-only
+// buffers, in-place conventions, self and empty point-to-point, queries and
+// what a failed call leaves behind. Each test names where NCCL defines it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nccl.h"
+#include "unit/nccl_comms.h"
+
+namespace {
+
+constexpr int kN = 4;
+using Comms = loom::testing::NcclComms<kN>;
+
+// Runs body(r) for every rank inside one group and returns GroupEnd's result.
+template <typename F>
+ncclResult_t grouped(F body) {
+  if (ncclGroupStart() != ncclSuccess) return ncclInternalError;
+  for (int r = 0; r < kN; ++r) {
+    const ncclResult_t res = body(r);
+    if (res != ncclSuccess) {
+      (void)ncclGroupEnd();
+      return res;
+    }
+  }
+  return ncclGroupEnd();
+}
+
+// NCCL's colls docs: Reduce's recvbuff "is only used on rank root" and
+// Broadcast's sendbuff "only used on rank root and ignored for other ranks";
+// non-roots may pass NULL, and a non-root's recvbuff is left alone.
+TEST(NcclCompat, RootOnlyBuffersMayBeNullOrUntouchedElsewhere) {
+  Comms w;
+  const int root = 1;
+  const size_t n = 1000;
+  std::vector<float> in[kN], out[kN];
+  for (int r = 0; r < kN; ++r) {
+    in[r].assign(n, static_cast<float>(r + 1));
+    out[r].assign(n, -7.0f);
+  }
+  // Reduce: NULL recvbuff on two non-roots, a sentinel buffer on the third.
+  ASSERT_EQ(grouped([&](int r) {
+              void* recv = r == root ? out[r].data() : r == 3 ? out[r].data() : nullptr;
+              return ncclReduce(in[r].data(), recv, n, ncclFloat32, ncclSum, root, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[root][i], 10.0f) << i;
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[3][i], -7.0f) << "a non-root's recvbuff was written at " << i;
+  // Broadcast: NULL sendbuff on non-roots.
+  for (int r = 0; r < kN; ++r) out[r].assign(n, -7.0f);
+  ASSERT_EQ(grouped([&](int r) {
+              const void* send = r == root ? in[r].data() : nullptr;
+              return ncclBroadcast(send, out[r].data(), n, ncclFloat32, root, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[r][i], 2.0f) << r << " " << i;
+  // Gather/Scatter: root-only buffers NULL elsewhere.
+  std::vector<float> all(n * kN, -1.0f);
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclGather(in[r].data(), r == root ? all.data() : nullptr, n, ncclFloat32, root, w.c[r],
+                                nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(all[r * n + 5], static_cast<float>(r + 1));
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclScatter(r == root ? all.data() : nullptr, out[r].data(), n, ncclFloat32, root, w.c[r],
+                                 nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(out[r][7], static_cast<float>(r + 1));
+}
+
+// NCCL's "In-place Operations" page: ReduceScatter is in place when
+// recvbuff == sendbuff + rank*recvcount, AllGather when sendbuff ==
+// recvbuff + rank*sendcount; Broadcast/Reduce/AllReduce when the pointers
+// are equal, and ncclBcast is the in-place Broadcast.
+TEST(NcclCompat, InPlaceForms) {
+  Comms w;
+  const size_t n = 333;
+  std::vector<int32_t> buf[kN];
+  // ReduceScatter in place.
+  for (int r = 0; r < kN; ++r) {
+    buf[r].resize(n * kN);
+    for (size_t i = 0; i < buf[r].size(); ++i) buf[r][i] = static_cast<int32_t>(i) * (r + 1);
+  }
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclReduceScatter(buf[r].data(), buf[r].data() + r * n, n, ncclInt32, ncclSum, w.c[r],
+                                       nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf[r][r * n + i], static_cast<int32_t>(r * n + i) * 10) << r;
+  // AllGather in place.
+  for (int r = 0; r < kN; ++r) {
+    buf[r].assign(n * kN, -1);
+    for (size_t i = 0; i < n; ++i) buf[r][r * n + i] = 1000 * r + static_cast<int32_t>(i);
+  }
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclAllGather(buf[r].data() + r * n, buf[r].data(), n, ncclInt32, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r)
+    for (int q = 0; q < kN; ++q)
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf[r][q * n + i], 1000 * q + static_cast<int32_t>(i));
+  // AllReduce, Reduce and Bcast in place.
+  for (int r = 0; r < kN; ++r) buf[r].assign(n, r + 1);
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclAllReduce(buf[r].data(), buf[r].data(), n, ncclInt32, ncclMax, w.c[r], nullptr);
+            }),
+            ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(buf[r][n - 1], kN);
+  for (int r = 0; r < kN; ++r) buf[r].assign(n, r + 1);
+  ASSERT_EQ(grouped([&](int r) {
+              return ncclReduce(buf[r].data(), buf[r].data(), n, ncclInt32, ncclProd, 2, w.c[r], nullptr);
+            }),
+            ncclSuccess);
+  ASSERT_EQ(buf[2][0], 24);
+  for (int r = 0; r < kN; ++r) buf[r].assign(n, r == 3 ? 77 : 0);
+  ASSERT_EQ(grouped([&](int r) { return ncclBcast(buf[r].data(), n, ncclInt32, 3, w.c[r], nullptr); }), ncclSuccess);
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(buf[r][n / 2], 77);
+}
+
+// ncclAvg: the sum divided by nranks; integers truncate (NCCL computes the
+// integer quotient), floats divide.
+TEST(NcclCompat, AvgForIntegersAndFloats) {
+  Comms w;
+  int32_t in_i[kN][3], out_i[kN][3];
+  double in_d[kN][3], out_d[kN][3];
+  for (int r = 0; r < kN; ++r)
+    for (int i = 0; i < 3; ++i) {
+      in_i[r][i] = r + i;          // sums 6, 10, 14 -> 1, 2, 3
+      in_d[r][i] = r + i + 0.5;    // sums 8, 12, 16 -> 2, 3, 4
+    }
+  ASSERT_EQ(grouped([&](int r) {
+              ncclResult_t a = ncclAllReduce(in_i[r], out_i[r], 3, ncclInt32, ncclAvg, w.c[r], nullptr);
+              return a != ncclSuccess ? a : ncclAllReduce(in_d[r], out_d[r], 3, ncclFloat64, ncclAvg, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(out_i[r][0], 1);
+    EXPECT_EQ(out_i[r][1], 2);
+    EXPECT_EQ(out_i[r][2], 3);
+    EXPECT_EQ(out_d[r][0], 2.0);
+    EXPECT_EQ(out_d[r][2], 4.0);
+  }
+}
+
+// Send/recv to self in a group, zero-count send/recv, and collectives mixed
+// with p2p in one group (NCCL's p2p docs: a rank may send to itself).
+TEST(NcclCompat, SelfAndEmptyPointToPointInAGroup) {
+  Comms w;
+  std::vector<int> in[kN], self[kN], ring[kN], sum[kN];
+  for (int r = 0; r < kN; ++r) {
+    in[r].assign(64, r * 10);
+    self[r].assign(64, -1);
+    ring[r].assign(64, -1);
+    sum[r].assign(64, -1);
+  }
+  ASSERT_EQ(grouped([&](int r) {
+              ncclResult_t s[] = {
+                  ncclSend(in[r].data(), 64, ncclInt32, r, w.c[r], nullptr),
+                  ncclRecv(self[r].data(), 64, ncclInt32, r, w.c[r], nullptr),
+                  ncclSend(in[r].data(), 0, ncclInt32, (r + 1) % kN, w.c[r], nullptr),
+                  ncclRecv(nullptr, 0, ncclInt32, (r + kN - 1) % kN, w.c[r], nullptr),
+                  ncclAllReduce(in[r].data(), sum[r].data(), 64, ncclInt32, ncclSum, w.c[r], nullptr),
+                  ncclSend(in[r].data(), 64, ncclInt32, (r + 1) % kN, w.c[r], nullptr),
+                  ncclRecv(ring[r].data(), 64, ncclInt32, (r + kN - 1) % kN, w.c[r], nullptr),
+              };
+              for (ncclResult_t x : s)
+                if (x != ncclSuccess) return x;
+              return ncclSuccess;
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_EQ(self[r][63], r * 10);
+    EXPECT_EQ(ring[r][0], ((r + kN - 1) % kN) * 10);
+    EXPECT_EQ(sum[r][5], 60);
+  }
+}
+
+// Every ncclResult_t has a non-empty string of its own; values outside the
+// enum say so (NCCL's ncclGetErrorString: "unknown result code").
+TEST(NcclCompat, ErrorStringForEveryResult) {
+  std::set<std::string> seen;
+  for (int r = ncclSuccess; r < ncclNumResults; ++r) {
+    const char* s = ncclGetErrorString(static_cast<ncclResult_t>(r));
+    ASSERT_NE(s, nullptr);
+    EXPECT_GT(std::strlen(s), 0u);
+    EXPECT_TRUE(seen.insert(s).second) << "duplicate string for " << r << ": " << s;
+  }
+  EXPECT_NE(std::string(ncclGetErrorString(ncclNumResults)).find("unknown"), std::string::npos);
+  EXPECT_NE(std::string(ncclGetErrorString(static_cast<ncclResult_t>(-1))).find("unknown"), std::string::npos);
+  int v = 0;
+  ASSERT_EQ(ncclGetVersion(&v), ncclSuccess);
+  EXPECT_EQ(v, NCCL_VERSION_CODE);
+  EXPECT_EQ(v, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH));
+}
+
+// Invalid arguments: NCCL's codes (argcheck.cc, enqueue.cc).
+TEST(NcclCompat, InvalidArgumentsAreInvalidArgument) {
+  Comms w;
+  float x[8] = {};
+  EXPECT_EQ(ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(x, x, 8, static_cast<ncclDataType_t>(ncclNumTypes), ncclSum, w.c[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(x, x, 8, ncclFloat32, static_cast<ncclRedOp_t>(ncclNumOps), w.c[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(x, x, 8, ncclFloat32, static_cast<ncclRedOp_t>(-1), w.c[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclBroadcast(x, x, 8, ncclFloat32, kN, w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclReduce(x, x, 8, ncclFloat32, ncclSum, -1, w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(x, 8, ncclFloat32, kN, w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclRecv(x, 8, ncclFloat32, -1, w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(nullptr, x, 8, ncclFloat32, ncclSum, w.c[0], nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)), "");
+  int n = 0;
+  EXPECT_EQ(ncclCommCount(nullptr, &n), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommCount(w.c[0], nullptr), ncclInvalidArgument);
+  ncclResult_t st;
+  EXPECT_EQ(ncclCommGetAsyncError(nullptr, &st), ncclInvalidArgument);
+  // The comm stays usable after argument errors (a blocking comm keeps no
+  // async error for them).
+  ASSERT_EQ(ncclCommGetAsyncError(w.c[0], &st), ncclSuccess);
+  EXPECT_EQ(st, ncclSuccess);
+}
+
+}  // namespace
