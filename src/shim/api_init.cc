@@ -168,6 +168,11 @@ Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int
                         const ncclConfig_t* config) {
   apply_nccl_env();
   if (out == nullptr) return invalid_argument("comm (output pointer) is NULL");
+  // As NCCL's ncclCommInitRankDev, which clears *newcomm on every failure: a
+  // program that tests the handle after a refused init must not find the
+  // garbage it passed in. Regression: it was left as given
+  // (NcclCompat.FailedInitLeavesNoHandle).
+  *out = nullptr;
   LOOM_RETURN_IF_ERROR(check_ranks(nranks, rank));
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, ParsedConfig{}));
   UniqueId lid = to_loom_id(id);

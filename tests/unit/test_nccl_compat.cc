@@ -239,4 +239,30 @@ TEST(NcclCompat, InvalidArgumentsAreInvalidArgument) {
   EXPECT_EQ(st, ncclSuccess);
 }
 
+// ncclCommInitRank* with a bad rank or size: ncclInvalidArgument, and
+// *newcomm is NULL afterwards (NCCL's ncclCommInitRankDev clears it on
+// every failure), so a program that checks the handle sees no comm.
+TEST(NcclCompat, FailedInitLeavesNoHandle) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  auto* junk = reinterpret_cast<ncclComm_t>(uintptr_t{0x1234});
+  ncclComm_t c = junk;
+  EXPECT_EQ(ncclCommInitRank(&c, 2, id, 2), ncclInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+  c = junk;
+  EXPECT_EQ(ncclCommInitRank(&c, 0, id, 0), ncclInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+  c = junk;
+  EXPECT_EQ(ncclCommInitRank(&c, 2, id, -1), ncclInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+  c = junk;
+  ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+  bad.blocking = 5;
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 2, id, 0, &bad), ncclInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+  // (A bad nId is refused before NCCL touches *newcomm; not checked here.)
+  EXPECT_EQ(ncclCommInitRankScalable(&c, 2, 0, 3, &id, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRank(nullptr, 2, id, 0), ncclInvalidArgument);
+}
+
 }  // namespace
