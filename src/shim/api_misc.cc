@@ -149,7 +149,13 @@ extern "C" ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
 extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   return guard("ncclMemAlloc", nullptr, [&]() -> Status {
     if (ptr == nullptr) return invalid_argument("ptr is NULL");
-    if (size == 0) return invalid_argument("size is 0");
+    // NCCL (allocator.cc) hands a size of 0 to cudaMalloc, which succeeds
+    // with a NULL pointer; so does this. Regression: it was
+    // ncclInvalidArgument (NcclCompat.MemAllocOfZeroBytesGivesNull).
+    if (size == 0) {
+      *ptr = nullptr;
+      return Status::ok();
+    }
     // NCCL's ncclMemAlloc returns GPU memory, and CUDA programs (PyTorch's
     // NCCL memory pool) write to it from kernels: where a CUDA runtime sees
     // a device, device memory from cudaMalloc on the current device.

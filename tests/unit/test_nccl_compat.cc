@@ -265,4 +265,13 @@ TEST(NcclCompat, FailedInitLeavesNoHandle) {
   EXPECT_EQ(ncclCommInitRank(nullptr, 2, id, 0), ncclInvalidArgument);
 }
 
+// ncclMemAlloc of 0 bytes: NCCL falls back to cudaMalloc(ptr, 0), which
+// succeeds with a NULL pointer; ncclMemFree(NULL) succeeds.
+TEST(NcclCompat, MemAllocOfZeroBytesGivesNull) {
+  void* p = reinterpret_cast<void*>(uintptr_t{0x1234});
+  EXPECT_EQ(ncclMemAlloc(&p, 0), ncclSuccess) << ncclGetLastError(nullptr);
+  ASSERT_EQ(p, nullptr);
+  EXPECT_EQ(ncclMemFree(p), ncclSuccess);
+}
+
 }  // namespace
