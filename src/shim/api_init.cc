@@ -128,6 +128,10 @@ Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
   c->name = pc.name;
   c->rank = rank;
   c->nranks = nranks;
+  // A split or shrink lives on its parent's device, as NCCL's child job
+  // takes the parent's cudaDev (ncclCommCuDevice). Regression: children
+  // reported device 0 (NcclCompat.SplitChildKeepsTheParentsDevice).
+  if (parent != nullptr) c->cuda_dev = parent->cuda_dev;
   if (in_group()) {
     auto job = start_creation(c.get(), std::move(make));
     note_child_job(parent, job);

@@ -274,4 +274,28 @@ TEST(NcclCompat, MemAllocOfZeroBytesGivesNull) {
   EXPECT_EQ(ncclMemFree(p), ncclSuccess);
 }
 
+// A communicator split from another lives on the parent's device (NCCL's
+// ncclCommSplit: the child's job takes comm->cudaDev), so
+// ncclCommCuDevice of the child names the parent's device.
+TEST(NcclCompat, SplitChildKeepsTheParentsDevice) {
+  const int devs[kN] = {3, 1, 2, 0};
+  ncclComm_t c[kN] = {};
+  ASSERT_EQ(ncclCommInitAll(c, kN, devs), ncclSuccess);
+  ncclComm_t child[kN] = {};
+  ASSERT_EQ(grouped([&](int r) { return ncclCommSplit(c[r], r % 2, -r, &child[r], nullptr); }), ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r) {
+    int dev = -1, rank = -1, count = -1;
+    ASSERT_EQ(ncclCommCuDevice(child[r], &dev), ncclSuccess);
+    EXPECT_EQ(dev, devs[r]) << r;
+    // Key ordering: keys -r, so the higher parent rank comes first.
+    ASSERT_EQ(ncclCommUserRank(child[r], &rank), ncclSuccess);
+    ASSERT_EQ(ncclCommCount(child[r], &count), ncclSuccess);
+    EXPECT_EQ(count, 2);
+    EXPECT_EQ(rank, r < 2 ? 1 : 0) << r;
+  }
+  for (int r = 0; r < kN; ++r) EXPECT_EQ(ncclCommDestroy(child[r]), ncclSuccess);
+  for (int r = 0; r < kN; ++r) EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess);
+}
+
 }  // namespace
