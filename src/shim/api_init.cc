@@ -2,12 +2,17 @@
 // split, shrink, finalize, destroy, abort, revoke.
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bootstrap/bootstrap.h"
+#include "core/config.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
@@ -168,6 +173,35 @@ UniqueId to_loom_id(const ncclUniqueId& id) {
   return out;
 }
 
+// NCCL_COMM_ID=<host>:<port> (or [v6]:<port>): NCCL's fixed rendezvous
+// address (bootstrap.cc, bootstrapGetUniqueId; init.cc,
+// ncclCommInitRankDev). Every process makes the same unique id from it
+// without exchanging one, and the process of rank 0 hosts the rendezvous
+// there when it initialises. Read at each call, as NCCL's ncclGetEnv.
+// Regression: the variable was ignored ("has no meaning in Loom"), so each
+// process got its own id and the ranks never met
+// (NcclCompat.CommIdFromTheEnvironment).
+std::optional<std::string> comm_id_env() {
+  const char* v = std::getenv("NCCL_COMM_ID");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+// The id every process derives from NCCL_COMM_ID. Its secret cannot be
+// random (nothing is exchanged); it is derived from the port (ranks may
+// name the host differently) and LOOM_SECRET, which a launcher may set to
+// keep unrelated jobs apart, as NCCL's fixed magic number does less well.
+Result<UniqueId> comm_id_from_env(const std::string& text) {
+  Result<SockAddr> addr = parse_sockaddr(text);
+  if (!addr.is_ok())
+    return invalid_argument("NCCL_COMM_ID='" + text + "' is not <host>:<port> or [<ipv6>]:<port> (" +
+                            addr.status().message() + ")");
+  UidContents uid;
+  uid.root = *addr;
+  uid.secret = fnv1a("NCCL_COMM_ID|" + std::to_string(addr->port()) + "|" + env_string("LOOM_SECRET", ""));
+  return encode_uid(uid);
+}
+
 Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
                         const ncclConfig_t* config) {
   apply_nccl_env();
@@ -181,6 +215,15 @@ Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, ParsedConfig{}));
   UniqueId lid = to_loom_id(id);
   loom::Config lc = to_loom(pc);
+  if (rank == 0 && comm_id_env()) {
+    // Rank 0 hosts the rendezvous at the id's address (NCCL_COMM_ID's), in
+    // the calling thread, before the creation may go to the background.
+    LOOM_ASSIGN_OR_RETURN(UidContents uid, decode_uid(lid));
+    const double t = lc.timeout_s > 0 ? lc.timeout_s : params::timeout_s();
+    Result<SockAddr> bound = start_root(uid.root, uid.secret, t);
+    if (!bound.is_ok())
+      return bound.status().with_context("rank 0 cannot host the rendezvous at NCCL_COMM_ID " + uid.root.to_string());
+  }
   lc.cancel = std::make_shared<std::atomic<bool>>(false);  // ncclCommAbort while it initialises
   return create(
       out, pc, nranks, rank, [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); }, lc.cancel);
@@ -234,7 +277,9 @@ extern "C" ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) {
   return guard("ncclGetUniqueId", nullptr, [&]() -> Status {
     apply_nccl_env();
     if (uniqueId == nullptr) return invalid_argument("uniqueId is NULL");
-    LOOM_ASSIGN_OR_RETURN(UniqueId id, get_unique_id());
+    // With NCCL_COMM_ID no root starts here: rank 0's init hosts it there.
+    std::optional<std::string> fixed = comm_id_env();
+    LOOM_ASSIGN_OR_RETURN(UniqueId id, fixed ? comm_id_from_env(*fixed) : get_unique_id());
     std::memcpy(uniqueId->internal, id.bytes, sizeof(uniqueId->internal));
     return Status::ok();
   });

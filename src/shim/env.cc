@@ -63,7 +63,7 @@ const Mapping kMappings[] = {
 };
 
 // Read by the shim itself rather than mapped.
-const char* const kShimOwned[] = {"NCCL_COMM_BLOCKING"};
+const char* const kShimOwned[] = {"NCCL_COMM_BLOCKING", "NCCL_COMM_ID"};
 
 int level_of(const char* v) {
   if (v == nullptr) return 0;

@@ -4,12 +4,15 @@
 // what a failed call leaves behind. Each test names where NCCL defines it.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/test_util.h"
 #include "nccl.h"
 #include "unit/nccl_comms.h"
 
@@ -296,6 +299,48 @@ TEST(NcclCompat, SplitChildKeepsTheParentsDevice) {
   }
   for (int r = 0; r < kN; ++r) EXPECT_EQ(ncclCommDestroy(child[r]), ncclSuccess);
   for (int r = 0; r < kN; ++r) EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess);
+}
+
+// NCCL_COMM_ID=<host>:<port>: every process makes the same unique id from
+// the variable, without exchanging one, and rank 0's ncclCommInitRank hosts
+// the rendezvous there (NCCL's bootstrapGetUniqueId and
+// ncclCommInitRankDev); the other ranks wait for it. A malformed value is
+// refused by ncclGetUniqueId.
+TEST(NcclCompat, CommIdFromTheEnvironment) {
+  const int port = loom::testing::unused_loopback_port();
+  ASSERT_NE(port, 0);
+  struct EnvVar {
+    explicit EnvVar(const std::string& v) { setenv("NCCL_COMM_ID", v.c_str(), 1); }
+    ~EnvVar() { unsetenv("NCCL_COMM_ID"); }
+  } env("127.0.0.1:" + std::to_string(port));
+  constexpr int n = 3;
+  ncclUniqueId ids[n];
+  for (auto& id : ids) ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 1; r < n; ++r) ASSERT_EQ(std::memcmp(&ids[0], &ids[r], sizeof(ncclUniqueId)), 0) << r;
+  ncclComm_t comms[n] = {};
+  ncclResult_t res[n];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      // Rank 0 comes last: the others retry until its rendezvous listens.
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      res[r] = ncclCommInitRank(&comms[r], n, ids[r], r);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(res[r], ncclSuccess) << r << ": " << ncclGetLastError(nullptr);
+  int in[n], out[n];
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    in[r] = r + 1;
+    ASSERT_EQ(ncclAllReduce(&in[r], &out[r], 1, ncclInt32, ncclSum, comms[r], nullptr), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], 6);
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  setenv("NCCL_COMM_ID", "no-port-here", 1);
+  ncclUniqueId bad;
+  EXPECT_EQ(ncclGetUniqueId(&bad), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("NCCL_COMM_ID"), std::string::npos);
 }
 
 }  // namespace
