@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/log.h"
 #include "shim/shim.h"
 #include "topology/algo_override.h"
 
@@ -148,9 +149,13 @@ std::string translate_nccl_algo(const std::string& v, std::vector<std::string>* 
 
 bool log_enabled(LogLevel level) { return debug_level() >= static_cast<int>(level); }
 
-void log(LogLevel level, const std::string& msg) {
-  const char* tag = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "TRACE";
-  std::fprintf(stderr, "loom-nccl %s %s\n", tag, msg.c_str());
+// Through Loom's logger, so the shim's lines go where NCCL_DEBUG_FILE says
+// (NCCL's debug.cc writes all of its output there) and NCCL_DEBUG_SUBSYS
+// filters them like the rest. Regression: they went to stderr, whatever the
+// file (NcclCompat.DebugOutputGoesWhereNcclDebugFileSays).
+void log(LogLevel level, const std::string& msg, unsigned subsys) {
+  const auto core_level = static_cast<loom::LogLevel>(static_cast<int>(level));
+  if (loom::log_enabled(core_level, subsys)) loom::detail::log_write(core_level, subsys, msg);
 }
 
 std::optional<bool> blocking_from_env() {
@@ -198,8 +203,13 @@ void apply_nccl_env() {
                                [&](const char* n) { return name == n; });
       if (!known) notes.push_back(name + " has no meaning in Loom, ignored");
     }
+    // Loom's logger may have read LOOM_DEBUG* already (a call that logged
+    // before the first communicator, e.g. ncclMemAlloc loading CUDA): read
+    // them again now that the NCCL_* values are in. Regression: the
+    // NCCL_DEBUG* settings were then ignored for the whole process.
+    loom::log_reinit();
     if (log_enabled(LogLevel::kInfo))
-      for (const std::string& n : notes) log(LogLevel::kInfo, n);
+      for (const std::string& n : notes) log(LogLevel::kInfo, n, kLogEnv);
   });
 }
 

@@ -180,7 +180,10 @@ bool wait_for_calls(ncclComm* comm, double limit_s);
 void apply_nccl_env();
 enum class LogLevel { kWarn = 1, kInfo = 2, kTrace = 3 };
 bool log_enabled(LogLevel level);
-void log(LogLevel level, const std::string& msg);
+// The shim's own messages (only when NCCL_DEBUG or LOOM_DEBUG asks for them),
+// written by Loom's logger under `subsys`; warnings pass every subsystem
+// filter, as NCCL's WARN.
+void log(LogLevel level, const std::string& msg, unsigned subsys = ~0u /* loom::kLogAll */);
 // NCCL_ALGO -> LOOM_ALGO ("" when nothing translates); untranslated parts
 // are appended to `dropped`.
 std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::string>* dropped);

@@ -4,12 +4,16 @@
 // what a failed call leaves behind. Each test names where NCCL defines it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/test_util.h"
@@ -341,6 +345,57 @@ TEST(NcclCompat, CommIdFromTheEnvironment) {
   ncclUniqueId bad;
   EXPECT_EQ(ncclGetUniqueId(&bad), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("NCCL_COMM_ID"), std::string::npos);
+}
+
+// What DebugOutputGoesWhereNcclDebugFileSays runs in a fresh process (the
+// logging settings are read once): a call that may log before any
+// communicator exists, then an invalid call the shim warns about.
+TEST(NcclCompat, DebugOutputChild) {
+  if (std::getenv("LOOM_NCCL_DEBUG_CHILD") == nullptr) GTEST_SKIP() << "run by DebugOutputGoesWhereNcclDebugFileSays";
+  void* p = nullptr;
+  ASSERT_EQ(ncclMemAlloc(&p, 4096), ncclSuccess);
+  ASSERT_EQ(ncclMemFree(p), ncclSuccess);
+  ncclComm_t c[2] = {};
+  ASSERT_EQ(ncclCommInitAll(c, 2, nullptr), ncclSuccess);
+  float x = 0;
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, static_cast<ncclDataType_t>(99), ncclSum, c[0], nullptr), ncclInvalidArgument);
+  for (ncclComm_t x : c) EXPECT_EQ(ncclCommDestroy(x), ncclSuccess);
+}
+
+// NCCL_DEBUG_FILE receives all of the library's output (NCCL's debug.cc
+// writes every line there, %h and %p expanded), the shim's own warnings
+// included, and NCCL_DEBUG_SUBSYS never hides a warning (NCCL's WARN is
+// logged for every subsystem). The settings apply although a call logged
+// before the first communicator read them (ncclMemAlloc).
+TEST(NcclCompat, DebugOutputGoesWhereNcclDebugFileSays) {
+  const std::string dir = ::testing::TempDir() + "/nccl_debug_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  auto run = [&](const std::string& level, const std::string& subsys, const std::string& tag) {
+    const std::string cmd = "env -u LOOM_DEBUG -u LOOM_DEBUG_FILE -u LOOM_DEBUG_SUBSYS LOOM_NCCL_DEBUG_CHILD=1 NCCL_DEBUG=" +
+                            level + " NCCL_DEBUG_SUBSYS=" + subsys + " NCCL_DEBUG_FILE=" + dir + "/" + tag +
+                            ".%h.%p /proc/" + std::to_string(getpid()) +
+                            "/exe --gtest_filter=NcclCompat.DebugOutputChild >/dev/null 2>" + dir + "/" + tag +
+                            ".stderr; echo rc=$?";
+    EXPECT_EQ(loom::testing::run_command(cmd), "rc=0\n") << cmd;
+    // The one file the child wrote, its name expanded.
+    const std::string files = loom::testing::run_command("cd " + dir + " && ls " + tag + ".*.*");
+    EXPECT_EQ(std::count(files.begin(), files.end(), '\n'), 1) << files;
+    EXPECT_EQ(files.find('%'), std::string::npos) << files;
+    return std::make_pair(loom::testing::run_command("cat " + dir + "/" + files.substr(0, files.find('\n'))),
+                          loom::testing::run_command("cat " + dir + "/" + tag + ".stderr"));
+  };
+  // INFO for INIT: Loom's INIT lines and the shim's warning go to the file.
+  auto [log, err] = run("INFO", "INIT", "info");
+  EXPECT_NE(log.find("ncclAllReduce: invalid datatype 99"), std::string::npos) << log;
+  EXPECT_NE(log.find(" INFO INIT "), std::string::npos) << log;
+  EXPECT_EQ(err.find("invalid datatype"), std::string::npos) << err;
+  EXPECT_EQ(err.find(" INFO "), std::string::npos) << err;
+  // WARN for NET only: the warning is still written.
+  std::tie(log, err) = run("WARN", "NET", "warn");
+  EXPECT_NE(log.find("ncclAllReduce: invalid datatype 99"), std::string::npos) << log;
+  EXPECT_EQ(log.find(" INFO "), std::string::npos) << log;
+  EXPECT_EQ(err, "");
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace
