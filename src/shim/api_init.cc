@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "cuda/cuda_loader.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 
@@ -202,6 +203,17 @@ Result<UniqueId> comm_id_from_env(const std::string& text) {
   return encode_uid(uid);
 }
 
+// The device a new communicator lives on: NCCL's ncclCommInitRank* take the
+// calling thread's current CUDA device (cudaGetDevice), which
+// ncclCommCuDevice reports. Without CUDA: 0. Regression: always 0, also
+// after cudaSetDevice (NcclCudaStaged.InitRankRecordsTheCurrentDevice).
+int current_cuda_device() {
+  const cuda::CudaRuntimeApi* rt = cuda::CudaLoader::get().runtime();
+  int dev = 0;
+  if (rt != nullptr && rt->get_device != nullptr && rt->get_device(&dev) == cuda::kCudaSuccess) return dev;
+  return 0;
+}
+
 Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
                         const ncclConfig_t* config) {
   apply_nccl_env();
@@ -225,8 +237,10 @@ Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int
       return bound.status().with_context("rank 0 cannot host the rendezvous at NCCL_COMM_ID " + uid.root.to_string());
   }
   lc.cancel = std::make_shared<std::atomic<bool>>(false);  // ncclCommAbort while it initialises
-  return create(
+  Status s = create(
       out, pc, nranks, rank, [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); }, lc.cancel);
+  if (*out != nullptr) (*out)->cuda_dev = current_cuda_device();
+  return s;
 }
 
 ParsedConfig settings_of(const ncclComm* c) {
