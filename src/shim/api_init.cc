@@ -122,12 +122,26 @@ void note_child_job(ncclComm* parent, const std::shared_future<Status>& job) {
   parent->child_job = job;
 }
 
-// Creates the handle and runs `make` now (blocking, outside a group) or in
-// the background (non-blocking config or inside a group).
-// `parent`: the communicator a split/shrink runs on (child_job).
+// Whether creating a communicator waits for it: a split or shrink follows
+// its parent's mode, not the child's config, as NCCL launches it as an
+// async job of the parent (init.cc, ncclCommInitChildComm ->
+// ncclAsyncLaunch(..., comm)); an init its own config. Regression: a split
+// of a non-blocking parent waited when its config asked for a blocking
+// child, and always for NCCL_SPLIT_NOCOLOR, so one thread splitting
+// non-blocking ranks in turn waited for the ranks it had not reached
+// (NcclCompat.SplitOfNonBlockingParentsNeverWaits).
+bool creation_waits(const ParsedConfig& pc, const ncclComm* parent) {
+  return parent != nullptr ? parent->blocking : pc.blocking;
+}
+
+// Creates the handle and runs `make` now (a creation that waits, outside a
+// group) or in the background (one that does not, or inside a group).
+// `parent`: the communicator a split/shrink runs on (child_job). The new
+// communicator's own mode (later calls) is `pc.blocking`.
 Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
               std::function<Result<std::unique_ptr<Comm>>()> make,
               std::shared_ptr<std::atomic<bool>> cancel = nullptr, ncclComm* parent = nullptr) {
+  const bool waits = creation_waits(pc, parent);
   auto c = std::make_unique<ncclComm>();
   c->init_cancel = std::move(cancel);
   c->blocking = pc.blocking;
@@ -141,11 +155,11 @@ Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
   if (in_group()) {
     auto job = start_creation(c.get(), std::move(make));
     note_child_job(parent, job);
-    group_add_creation(job, pc.blocking);
+    group_add_creation(job, waits);
     *out = c.release();
     return Status::ok();
   }
-  if (!pc.blocking) {
+  if (!waits) {
     note_child_job(parent, start_creation(c.get(), std::move(make)));
     *out = c.release();
     return Status(StatusCode::kInProgress, "communicator initializing");
@@ -271,12 +285,16 @@ Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, settings_of(p)));
   auto make = [p, color, key] { return p->comm->split(color < 0 ? -1 : color, key); };
   if (color == NCCL_SPLIT_NOCOLOR) {
-    // This rank still takes part in the collective split but gets no comm.
-    if (in_group()) {
+    // This rank still takes part in the collective split but gets no comm;
+    // in the background like any split of its parent's mode.
+    if (in_group() || !creation_waits(pc, p)) {
       auto job = start_creation(nullptr, make);
       note_child_job(p, job);
-      group_add_creation(job, true);
-      return Status::ok();
+      if (in_group()) {
+        group_add_creation(job, creation_waits(pc, p));
+        return Status::ok();
+      }
+      return Status(StatusCode::kInProgress, "split in progress; poll ncclCommGetAsyncError on the parent");
     }
     LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Comm> none, make());
     (void)none;

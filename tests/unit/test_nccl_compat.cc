@@ -398,4 +398,65 @@ TEST(NcclCompat, DebugOutputGoesWhereNcclDebugFileSays) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
+// Polls a communicator's state until it leaves ncclInProgress (60 s at most).
+ncclResult_t settled(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < until) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return state;
+}
+
+// Whether ncclCommSplit waits is the parent's mode: NCCL launches the split
+// as an async job of the parent (init.cc, ncclCommInitChildComm ->
+// ncclAsyncLaunch(job, ..., comm)), so on a non-blocking parent it returns
+// at once, also for NCCL_SPLIT_NOCOLOR and for a child config that asks for
+// a blocking child; the parent is then polled. One thread may so split N
+// non-blocking ranks one after the other, without a group.
+TEST(NcclCompat, SplitOfNonBlockingParentsNeverWaits) {
+  // Short deadlines: without the fix the first split waits for the others.
+  setenv("LOOM_TIMEOUT", "10", 1);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  ncclComm_t p[kN] = {};
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(ncclCommInitRankConfig(&p[r], kN, id, r, &nb), ncclInProgress);
+  for (ncclComm_t c : p) ASSERT_EQ(settled(c), ncclSuccess);
+  unsetenv("LOOM_TIMEOUT");
+  ncclConfig_t blocking_child = NCCL_CONFIG_INITIALIZER;
+  blocking_child.blocking = 1;
+  ncclComm_t sub[kN] = {};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < kN; ++r) {
+    const ncclResult_t res = ncclCommSplit(p[r], r == 0 ? NCCL_SPLIT_NOCOLOR : 7, -r, &sub[r], &blocking_child);
+    EXPECT_TRUE(res == ncclSuccess || res == ncclInProgress) << r << ": " << res << " " << ncclGetLastError(p[r]);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0)
+      << "a split on a non-blocking parent waited for the other ranks";
+  for (int r = 0; r < kN; ++r) ASSERT_EQ(settled(p[r]), ncclSuccess) << r << ": " << ncclGetLastError(p[r]);
+  EXPECT_EQ(sub[0], nullptr);
+  for (int r = 1; r < kN; ++r) {
+    ASSERT_NE(sub[r], nullptr);
+    int n = 0, me = -1;
+    ASSERT_EQ(ncclCommCount(sub[r], &n), ncclSuccess) << ncclGetLastError(sub[r]);
+    ASSERT_EQ(ncclCommUserRank(sub[r], &me), ncclSuccess);
+    EXPECT_EQ(n, kN - 1);
+    EXPECT_EQ(me, kN - 1 - r);  // keys -r
+  }
+  int in[kN], out[kN];
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 1; r < kN; ++r) {
+    in[r] = r;
+    EXPECT_EQ(ncclAllReduce(&in[r], &out[r], 1, ncclInt32, ncclSum, sub[r], nullptr), ncclSuccess);
+  }
+  // The children are blocking (their config): GroupEnd has finished them.
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 1; r < kN; ++r) EXPECT_EQ(out[r], 6);
+  for (int r = 1; r < kN; ++r) EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
+  for (ncclComm_t c : p) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 }  // namespace
