@@ -52,12 +52,19 @@ TEST(NcclShimErrors, NoExceptionCrossesTheBoundary) {
   EXPECT_EQ(guard("t", nullptr, []() -> Status { throw 7; }), ncclInternalError);
 }
 
+// A thread reads its own last failure; one that failed nothing reads the
+// process's last, as NCCL (one ncclLastError per process), not "".
 TEST(NcclShimErrors, LastErrorIsPerThread) {
   (void)guard("main", nullptr, [] { return invalid_usage("from main"); });
-  std::string other;
-  std::thread t([&] { other = ncclGetLastError(nullptr); });
+  std::string other, own;
+  std::thread t([&] {
+    other = ncclGetLastError(nullptr);
+    (void)guard("thread", nullptr, [] { return invalid_usage("from the thread"); });
+    own = ncclGetLastError(nullptr);
+  });
   t.join();
-  EXPECT_EQ(other, "");
+  EXPECT_NE(other.find("from main"), std::string::npos) << other;
+  EXPECT_NE(own.find("from the thread"), std::string::npos) << own;
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("from main"), std::string::npos);
 }
 
