@@ -138,6 +138,33 @@ TEST(NcclCompat, InPlaceForms) {
   for (int r = 0; r < kN; ++r) buf[r].assign(n, r == 3 ? 77 : 0);
   ASSERT_EQ(grouped([&](int r) { return ncclBcast(buf[r].data(), n, ncclInt32, 3, w.c[r], nullptr); }), ncclSuccess);
   for (int r = 0; r < kN; ++r) ASSERT_EQ(buf[r][n / 2], 77);
+  // Gather and Scatter (nccl.h 2.28): in place at the root when its own
+  // block is sendbuff == recvbuff + root*count (Gather), recvbuff ==
+  // sendbuff + root*count (Scatter).
+  const int root = 1;
+  for (int r = 0; r < kN; ++r) {
+    buf[r].assign(n * kN, -1);
+    for (size_t i = 0; i < n; ++i) buf[r][(r == root ? root * n : 0) + i] = 100 * r + static_cast<int32_t>(i);
+  }
+  ASSERT_EQ(grouped([&](int r) {
+              const int32_t* send = r == root ? buf[r].data() + root * n : buf[r].data();
+              return ncclGather(send, buf[r].data(), n, ncclInt32, root, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int q = 0; q < kN; ++q)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf[root][q * n + i], 100 * q + static_cast<int32_t>(i)) << q;
+  for (int r = 0; r < kN; ++r)
+    if (r != root) buf[r].assign(n, -1);
+  ASSERT_EQ(grouped([&](int r) {
+              int32_t* recv = r == root ? buf[r].data() + root * n : buf[r].data();
+              return ncclScatter(buf[r].data(), recv, n, ncclInt32, root, w.c[r], nullptr);
+            }),
+            ncclSuccess)
+      << ncclGetLastError(nullptr);
+  for (int r = 0; r < kN; ++r)
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(buf[r][(r == root ? root * n : 0) + i], 100 * r + static_cast<int32_t>(i)) << r;
 }
 
 // ncclAvg: the sum divided by nranks; integers truncate (NCCL computes the
