@@ -443,6 +443,12 @@ extern "C" ncclResult_t pncclCommDestroy(ncclComm_t comm) {
       return invalid_argument("a non-blocking split or shrink of this communicator is still running: poll "
                               "ncclCommGetAsyncError on it until ncclSuccess, then destroy it");
     std::unique_ptr<ncclComm> owned(comm);
+    // Destroyed inside a group that holds calls of it: they are dropped
+    // (the others of the group still run at GroupEnd), as NCCL skips the
+    // tasks of a communicator being destroyed. Regression: GroupEnd issued
+    // them on the freed communicator (a crash;
+    // NcclCompat.DestroyOrAbortInsideAGroupDropsItsCalls).
+    group_forget(owned.get());
     if (owned->ready.valid()) (void)owned->ready.get();
     Status drained = drain(owned.get());
     Status s;
@@ -465,6 +471,7 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     if (comm == nullptr) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_handle(comm));
     std::unique_ptr<ncclComm> owned(comm);
+    group_forget(owned.get());  // as in ncclCommDestroy
     // Still initialising (non-blocking or grouped init): stop its waits for
     // the peers instead of waiting for them until LOOM_TIMEOUT.
     if (owned->init_cancel) owned->init_cancel->store(true);

@@ -235,6 +235,9 @@ void group_record(ncclComm* comm, PendingOp op);
 void group_add_creation(std::shared_future<Status> done, bool blocking);
 // Marks the open group failed (NCCL discards a group whose call failed).
 void group_fail(const Status& s);
+// Drops `comm`'s calls from this thread's open group: it is being destroyed
+// or aborted, and the group must not reach it at GroupEnd.
+void group_forget(ncclComm* comm);
 
 // ---- api_coll.cc ---------------------------------------------------------
 Result<DataType> check_dtype(ncclDataType_t dt);

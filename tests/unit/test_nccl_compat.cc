@@ -486,4 +486,30 @@ TEST(NcclCompat, SplitOfNonBlockingParentsNeverWaits) {
   for (ncclComm_t c : p) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// ncclCommDestroy or ncclCommAbort inside a group that already holds calls
+// of that communicator: NCCL defers the teardown to GroupEnd and skips the
+// communicator's tasks; the group's other communicators still run. (The
+// common form, a group of Destroys over every rank, must also work.)
+TEST(NcclCompat, DestroyOrAbortInsideAGroupDropsItsCalls) {
+  ncclComm_t a[2] = {}, b[2] = {};
+  ASSERT_EQ(ncclCommInitAll(a, 2, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclCommInitAll(b, 2, nullptr), ncclSuccess);
+  int xa[2] = {1, 2}, xb[2] = {3, 4};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ncclAllReduce(&xa[r], &xa[r], 1, ncclInt32, ncclSum, a[r], nullptr), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(&xb[r], &xb[r], 1, ncclInt32, ncclSum, b[r], nullptr), ncclSuccess);
+  }
+  EXPECT_EQ(ncclCommAbort(a[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(a[1]), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  EXPECT_EQ(xa[0], 1);
+  EXPECT_EQ(xa[1], 2);
+  EXPECT_EQ(xb[0], 7);
+  EXPECT_EQ(xb[1], 7);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (ncclComm_t c : b) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+}
+
 }  // namespace
