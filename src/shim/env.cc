@@ -44,6 +44,42 @@ std::string translate_debug(const std::string& v) {
   return u;
 }
 
+}  // namespace
+
+// NCCL_DEBUG_SUBSYS names the subsystems NCCL's way; three of Loom's have
+// other names (GRAPH is TOPO, TUNING is TUNE, BOOTSTRAP is BOOT). The rest
+// pass as they are: Loom's own names, and NCCL ones Loom has no lines for
+// (ALLOC, CALL, PROXY, NVLS, REG, PROFILE, RAS), which Loom's logger
+// ignores. Regression: passed through untranslated, NCCL_DEBUG_SUBSYS=TUNING
+// named nothing Loom knows and so selected every subsystem
+// (NcclShimEnv.DebugSubsystemNamesTranslate).
+std::string translate_debug_subsys(const std::string& v) {
+  static constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
+      {"GRAPH", "TOPO"}, {"TUNING", "TUNE"}, {"BOOTSTRAP", "BOOT"}};
+  std::string out;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t end = v.find(',', start);
+    if (end == std::string::npos) end = v.size();
+    std::string name = v.substr(start, end - start);
+    start = end + 1;
+    // The '^' (exclude) prefix belongs to the list, not to the first name.
+    std::string prefix;
+    if (out.empty() && !name.empty() && name[0] == '^') {
+      prefix = "^";
+      name.erase(0, 1);
+    }
+    const size_t first = name.find_first_not_of(" \t");
+    name = first == std::string::npos ? "" : name.substr(first, name.find_last_not_of(" \t") - first + 1);
+    for (const auto& [nccl, loom] : kRenamed)
+      if (upper(name) == nccl) name = loom;
+    out += (out.empty() && prefix.empty() ? "" : out.empty() ? prefix : ",") + name;
+  }
+  return out;
+}
+
+namespace {
+
 struct Mapping {
   const char* nccl;
   const char* loom;
@@ -54,7 +90,7 @@ std::string same(const std::string& v) { return v; }
 
 const Mapping kMappings[] = {
     {"NCCL_DEBUG", "LOOM_DEBUG", translate_debug},
-    {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", same},
+    {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", translate_debug_subsys},
     {"NCCL_DEBUG_FILE", "LOOM_DEBUG_FILE", same},
     {"NCCL_ALGO", "LOOM_ALGO", nullptr},  // translated by translate_nccl_algo
     {"NCCL_SOCKET_IFNAME", "LOOM_SOCKET_IFNAME", same},

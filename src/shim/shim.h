@@ -187,6 +187,8 @@ void log(LogLevel level, const std::string& msg, unsigned subsys = ~0u /* loom::
 // NCCL_ALGO -> LOOM_ALGO ("" when nothing translates); untranslated parts
 // are appended to `dropped`.
 std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::string>* dropped);
+// NCCL_DEBUG_SUBSYS -> LOOM_DEBUG_SUBSYS (NCCL's names for Loom's subsystems).
+std::string translate_debug_subsys(const std::string& nccl_subsys);
 // NCCL_COMM_BLOCKING: 0 or 1 overrides every communicator's
 // ncclConfig_t.blocking (as NCCL); unset or another value: nullopt.
 std::optional<bool> blocking_from_env();

@@ -116,7 +116,7 @@ TEST(NcclShimPremul, NarrowFloatsRoundOnce) {
 
 TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   // apply_nccl_env runs once per process: everything is set up first.
-  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,COLL", 1);
+  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,COLL,TUNING", 1);
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   ::setenv("NCCL_TOPO_FILE", "/tmp/topo.xml", 1);
   ::setenv("NCCL_ALGO", "Ring,NVLS", 1);
@@ -127,7 +127,7 @@ TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   ::unsetenv("LOOM_TOPO_FILE");
   ::unsetenv("LOOM_ALGO");
   apply_nccl_env();
-  EXPECT_STREQ(std::getenv("LOOM_DEBUG_SUBSYS"), "INIT,COLL");
+  EXPECT_STREQ(std::getenv("LOOM_DEBUG_SUBSYS"), "INIT,COLL,TUNE");  // NCCL's TUNING is Loom's TUNE
   EXPECT_STREQ(std::getenv("LOOM_SOCKET_IFNAME"), "lo");
   EXPECT_STREQ(std::getenv("LOOM_TOPO_FILE"), "/tmp/topo.xml");
   // Ring is the only one Loom has of the allowed set: forced for the
@@ -139,6 +139,15 @@ TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   ::setenv("NCCL_TOPO_FILE", "/tmp/other.xml", 1);
   apply_nccl_env();
   EXPECT_STREQ(std::getenv("LOOM_TOPO_FILE"), "/tmp/topo.xml");
+}
+
+// NCCL's subsystem names select Loom's lines of the same subsystem.
+TEST(NcclShimEnv, DebugSubsystemNamesTranslate) {
+  EXPECT_EQ(translate_debug_subsys("INIT,COLL"), "INIT,COLL");
+  EXPECT_EQ(translate_debug_subsys("GRAPH,tuning, BOOTSTRAP"), "TOPO,TUNE,BOOT");
+  EXPECT_EQ(translate_debug_subsys("^BOOTSTRAP,NET"), "^BOOT,NET");
+  EXPECT_EQ(translate_debug_subsys("ALLOC,PROXY"), "ALLOC,PROXY");  // none in Loom: ignored there
+  EXPECT_EQ(translate_debug_subsys("ALL"), "ALL");
 }
 
 TEST(NcclShimEnv, NcclAlgoTranslation) {
