@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "core/log.h"
 #include "nccl.h"
 #include "unit/nccl_comms.h"
 
@@ -510,6 +512,29 @@ TEST(NcclCompat, DestroyOrAbortInsideAGroupDropsItsCalls) {
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (ncclComm_t c : b) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+}
+
+// A unique id nobody initialises with is not an error: NCCL's root thread
+// of an unused id waits silently. ncclCommInitRankScalable with several ids
+// (PyTorch above TORCH_NCCL_RANKS_PER_ROOT ranks) leaves Loom's roots of all
+// but the first unused, and their expiry must not warn.
+TEST(NcclCompat, AnUnusedUniqueIdWarnsNobody) {
+  const std::string file = ::testing::TempDir() + "/unused_id_" + std::to_string(getpid()) + ".log";
+  std::remove(file.c_str());
+  setenv("LOOM_DEBUG", "WARN", 1);
+  setenv("LOOM_DEBUG_FILE", file.c_str(), 1);
+  loom::log_reinit();
+  setenv("LOOM_TIMEOUT", "0.2", 1);
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  unsetenv("LOOM_TIMEOUT");
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the root's deadline passes
+  unsetenv("LOOM_DEBUG_FILE");
+  unsetenv("LOOM_DEBUG");
+  loom::log_reinit();
+  const std::string logged = loom::testing::run_command("cat " + file + " 2>/dev/null");
+  EXPECT_EQ(logged.find("WARN"), std::string::npos) << logged;
+  std::remove(file.c_str());
 }
 
 }  // namespace
