@@ -537,4 +537,43 @@ TEST(NcclCompat, AnUnusedUniqueIdWarnsNobody) {
   std::remove(file.c_str());
 }
 
+// Every call NCCL checks with ncclCommEnsureReady refuses a non-blocking
+// communicator still initialising at once (ncclInvalidArgument) instead of
+// waiting for its peers: Finalize, Split, Shrink, Revoke, buffer and window
+// registration. One thread initialising N non-blocking ranks in turn
+// depends on it.
+TEST(NcclCompat, EveryCallRefusesACommStillInitializing) {
+  setenv("LOOM_TIMEOUT", "10", 1);  // without the fix: each call below waits this long
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  ncclComm_t c[2] = {};
+  ASSERT_EQ(ncclCommInitRankConfig(&c[0], 2, id, 0, &nb), ncclInProgress);
+  unsetenv("LOOM_TIMEOUT");
+  const auto t0 = std::chrono::steady_clock::now();
+  float buf[4] = {};
+  void* handle = nullptr;
+  ncclWindow_t win = nullptr;
+  ncclComm_t sub = nullptr;
+  int exclude = 1;
+  EXPECT_EQ(ncclCommRegister(c[0], buf, sizeof buf, &handle), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommWindowRegister(c[0], buf, sizeof buf, &win, 0), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommSplit(c[0], 0, 0, &sub, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommShrink(c[0], &exclude, 1, &sub, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRevoke(c[0], NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommFinalize(c[0]), ncclInvalidArgument);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_EQ(ncclCommInitRankConfig(&c[1], 2, id, 1, &nb), ncclInProgress);
+  for (ncclComm_t k : c) ASSERT_EQ(settled(k), ncclSuccess) << ncclGetLastError(k);
+  EXPECT_EQ(ncclCommRegister(c[0], buf, sizeof buf, &handle), ncclSuccess);
+  EXPECT_EQ(ncclCommDeregister(c[0], handle), ncclSuccess);
+  for (ncclComm_t k : c) {
+    const ncclResult_t f = ncclCommFinalize(k);
+    EXPECT_TRUE(f == ncclSuccess || f == ncclInProgress) << f;
+    EXPECT_EQ(settled(k), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(k), ncclSuccess);
+  }
+}
+
 }  // namespace
