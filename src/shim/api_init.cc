@@ -502,9 +502,19 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
 
 extern "C" ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return guard("ncclCommRevoke", comm, [&]() -> Status {
+    // As NVIDIA's revoke design (and its API tests): NULL is a no-op; a
+    // communicator already revoked or finalizing is ncclInvalidArgument.
+    // Regression: NULL was refused, and a second revoke or one after
+    // Finalize succeeded (NcclCompat.RevokeEdgesAsNccl).
+    if (comm == nullptr) return Status::ok();
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return invalid_argument("revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->revoked) return invalid_argument("communicator already revoked");
+      if (c->finalized) return invalid_argument("communicator is finalized (ncclCommFinalize)");
+    }
     // loom::Comm::revoke ends queued and running operations here and on the
     // peers ("communicator revoked by rank R") and refuses new ones; split,
     // shrink and destroy stay possible. The state (ncclCommGetAsyncError, via

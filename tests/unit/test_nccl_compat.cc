@@ -576,4 +576,18 @@ TEST(NcclCompat, EveryCallRefusesACommStillInitializing) {
   }
 }
 
+// ncclCommRevoke's edges (NVIDIA's revoke design and apitest list: NULL is
+// a no-op; a communicator already revoked, or finalizing, is refused with
+// ncclInvalidArgument).
+TEST(NcclCompat, RevokeEdgesAsNccl) {
+  EXPECT_EQ(ncclCommRevoke(nullptr, NCCL_REVOKE_DEFAULT), ncclSuccess);
+  ncclComm_t c[2] = {};
+  ASSERT_EQ(ncclCommInitAll(c, 2, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommRevoke(c[0], NCCL_REVOKE_DEFAULT), ncclSuccess) << ncclGetLastError(c[0]);
+  EXPECT_EQ(ncclCommRevoke(c[0], NCCL_REVOKE_DEFAULT), ncclInvalidArgument) << "revoked twice";
+  EXPECT_EQ(ncclCommFinalize(c[1]), ncclSuccess);
+  EXPECT_EQ(ncclCommRevoke(c[1], NCCL_REVOKE_DEFAULT), ncclInvalidArgument) << "revoke after finalize";
+  for (ncclComm_t k : c) EXPECT_EQ(ncclCommDestroy(k), ncclSuccess);
+}
+
 }  // namespace
