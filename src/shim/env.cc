@@ -88,6 +88,13 @@ struct Mapping {
 
 std::string same(const std::string& v) { return v; }
 
+// NCCL_SHM_DISABLE=1 keeps NCCL off /dev/shm between ranks of a host (the
+// usual answer to a container's small /dev/shm); Loom's only other path
+// between them is TCP, so it means LOOM_TRANSPORT=socket. Regression: it
+// was ignored, and Loom kept using /dev/shm (NcclShimEnv.NcclVariablesMap
+// ToLoomOnesOnce).
+std::string translate_shm_disable(const std::string& v) { return v == "1" ? "socket" : ""; }
+
 const Mapping kMappings[] = {
     {"NCCL_DEBUG", "LOOM_DEBUG", translate_debug},
     {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", translate_debug_subsys},
@@ -97,6 +104,7 @@ const Mapping kMappings[] = {
     {"NCCL_TOPO_FILE", "LOOM_TOPO_FILE", same},
     {"NCCL_TOPO_DUMP_FILE", "LOOM_TOPO_DUMP_FILE", same},
     {"NCCL_TOPO_DUMP_FILE_RANK", "LOOM_TOPO_DUMP_FILE_RANK", same},
+    {"NCCL_SHM_DISABLE", "LOOM_TRANSPORT", translate_shm_disable},
 };
 
 // Read by the shim itself rather than mapped.

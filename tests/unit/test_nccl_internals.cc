@@ -126,7 +126,12 @@ TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   ::unsetenv("LOOM_SOCKET_IFNAME");
   ::unsetenv("LOOM_TOPO_FILE");
   ::unsetenv("LOOM_ALGO");
+  ::setenv("NCCL_SHM_DISABLE", "1", 1);
+  ::unsetenv("LOOM_TRANSPORT");
   apply_nccl_env();
+  EXPECT_STREQ(std::getenv("LOOM_TRANSPORT"), "socket");  // NCCL_SHM_DISABLE=1: no /dev/shm between ranks
+  ::unsetenv("LOOM_TRANSPORT");
+  ::unsetenv("NCCL_SHM_DISABLE");
   EXPECT_STREQ(std::getenv("LOOM_DEBUG_SUBSYS"), "INIT,COLL,TUNE");  // NCCL's TUNING is Loom's TUNE
   EXPECT_STREQ(std::getenv("LOOM_SOCKET_IFNAME"), "lo");
   EXPECT_STREQ(std::getenv("LOOM_TOPO_FILE"), "/tmp/topo.xml");
