@@ -54,11 +54,12 @@ constexpr const char* kStillInitializing =
 Result<ncclComm*> live_comm(ncclComm* comm) {
   LOOM_RETURN_IF_ERROR(check_handle(comm));
   if (comm->ready.valid()) {
-    // As NCCL's ncclCommEnsureReady: refused at once while the creation
-    // runs, not waited for (it may wait for peers this thread has yet to
-    // initialise). Regression: Finalize, Split, Shrink, Revoke and
-    // registrations waited, up to LOOM_TIMEOUT
-    // (NcclCompat.EveryCallRefusesACommStillInitializing).
+    // As NCCL's ncclCommEnsureReady (Finalize, Split, Shrink): refused at
+    // once while the creation runs, not waited for (it may wait for peers
+    // this thread has yet to initialise). NCCL's buffer registration does
+    // not check and would race the creation; refused here too. Regression:
+    // Finalize, Split, Shrink, Revoke and registrations waited, up to
+    // LOOM_TIMEOUT (NcclCompat.EveryCallRefusesACommStillInitializing).
     if (comm->ready.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
       return invalid_argument(kStillInitializing);
     Status s = comm->ready.get();
