@@ -118,6 +118,15 @@ void root_main(Fd listen_fd, uint64_t secret, double timeout_s) {
     conns.push_back(std::move(fd).value());
     infos.push_back(pi);
   }
+  if (!error.empty() && infos.empty() && nranks < 0) {
+    // Nobody came: an id that was made and never used (ncclCommInitRank
+    // Scalable leaves all roots but the first one unused; NCCL's root of an
+    // unused id waits silently). Not a failure anybody sees; the ranks that
+    // did use it, if any, fail on their own. Regression: a WARN 300 s into
+    // the job (NcclCompat.AnUnusedUniqueIdWarnsNobody).
+    LOOM_INFO(kLogBoot, "rendezvous root closes unused after its deadline: no rank came");
+    return;
+  }
   if (!error.empty()) {
     LOOM_WARN(kLogBoot, "rendezvous failed: {}", error);
     for (auto& c : conns) send_reply(c.get(), false, error.data(), static_cast<uint32_t>(error.size()));

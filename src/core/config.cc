@@ -28,7 +28,8 @@ std::vector<ParamInfo>& registry() {
        "0, a negative value or `inf`: no deadline (at most 1e7 s, ~116 days; larger values are clamped)."},
       {"LOOM_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO, TRACE (NCCL_DEBUG is honoured by the shim)."},
       {"LOOM_DEBUG_SUBSYS", "string", "ALL",
-       "Comma list of subsystems to log: INIT, COLL, P2P, SHM, NET, BOOT, ENV, TOPO, TUNE, DIAG, ALL; ^ prefix excludes."},
+       "Comma list of subsystems to log: INIT, COLL, P2P, SHM, NET, BOOT, ENV, TOPO, TUNE, DIAG, ALL; ^ prefix excludes. "
+       "Selects INFO and TRACE lines; warnings are always logged (as NCCL_DEBUG_SUBSYS)."},
       {"LOOM_DEBUG_FILE", "string", "", "Write logs to this file instead of stderr; %h = host, %p = pid."},
       {"LOOM_RANK", "int", "", "This process's rank (env bootstrap)."},
       {"LOOM_WORLD_SIZE", "int", "", "Number of ranks (env bootstrap)."},

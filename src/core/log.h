@@ -33,9 +33,13 @@ void log_init_once();
 void log_write(LogLevel level, unsigned subsys, const std::string& msg);
 }  // namespace detail
 
+// A warning is written whatever LOOM_DEBUG_SUBSYS says, as NCCL logs WARN
+// for every subsystem (NCCL_DEBUG_SUBSYS=COLL still shows a failed
+// bootstrap): subsystems only select INFO and TRACE lines.
 inline bool log_enabled(LogLevel level, unsigned subsys) {
   detail::log_init_once();
-  return static_cast<int>(level) <= detail::g_log_level && (subsys & detail::g_log_subsys);
+  return static_cast<int>(level) <= detail::g_log_level &&
+         (level == LogLevel::kWarn || (subsys & detail::g_log_subsys) != 0);
 }
 
 // Re-reads LOOM_DEBUG / LOOM_DEBUG_SUBSYS (used after the shim maps NCCL_* names).

@@ -84,6 +84,8 @@ void CudaLoader::load_runtime(const std::string& path) {
   resolve(lib, "cudaMalloc", rt_.malloc_device, no_device_alloc);
   resolve(lib, "cudaFree", rt_.free_device, no_device_alloc);
   if (!no_device_alloc.empty()) rt_.malloc_device = nullptr, rt_.free_device = nullptr;
+  std::string no_current_device;  // ncclCommCuDevice then says 0
+  resolve(lib, "cudaGetDevice", rt_.get_device, no_current_device);
   std::string no_capture_query;  // without it a captured call cannot be told apart
   resolve(lib, "cudaStreamIsCapturing", rt_.stream_is_capturing, no_capture_query);
   rt_.stream_wait_value32 = reinterpret_cast<decltype(rt_.stream_wait_value32)>(dlsym(lib, "cuStreamWaitValue32_v2"));

@@ -63,6 +63,9 @@ struct CudaRuntimeApi {
   // ncclMemAlloc returns GPU memory; without these Loom hands out host memory).
   CudaError (*malloc_device)(void** ptr, size_t bytes) = nullptr;  // cudaMalloc
   CudaError (*free_device)(void* ptr) = nullptr;                   // cudaFree
+  // Optional: cudaGetDevice, the calling thread's current device (what
+  // NCCL's ncclCommInitRank* records and ncclCommCuDevice reports).
+  CudaError (*get_device)(int* device) = nullptr;
   // Optional: cudaStreamIsCapturing (status: 0 none, 1 active, 2 invalidated).
   CudaError (*stream_is_capturing)(CudaStream stream, int* status) = nullptr;
   bool can_stage() const { return memcpy_async != nullptr && malloc_host != nullptr && free_host != nullptr; }

@@ -2,13 +2,19 @@
 // split, shrink, finalize, destroy, abort, revoke.
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bootstrap/bootstrap.h"
+#include "core/config.h"
+#include "core/hash.h"
 #include "core/log.h"
+#include "cuda/cuda_loader.h"
 #include "shim/alias.h"
 #include "shim/shim.h"
 
@@ -116,26 +122,44 @@ void note_child_job(ncclComm* parent, const std::shared_future<Status>& job) {
   parent->child_job = job;
 }
 
-// Creates the handle and runs `make` now (blocking, outside a group) or in
-// the background (non-blocking config or inside a group).
-// `parent`: the communicator a split/shrink runs on (child_job).
+// Whether creating a communicator waits for it: a split or shrink follows
+// its parent's mode, not the child's config, as NCCL launches it as an
+// async job of the parent (init.cc, ncclCommInitChildComm ->
+// ncclAsyncLaunch(..., comm)); an init its own config. Regression: a split
+// of a non-blocking parent waited when its config asked for a blocking
+// child, and always for NCCL_SPLIT_NOCOLOR, so one thread splitting
+// non-blocking ranks in turn waited for the ranks it had not reached
+// (NcclCompat.SplitOfNonBlockingParentsNeverWaits).
+bool creation_waits(const ParsedConfig& pc, const ncclComm* parent) {
+  return parent != nullptr ? parent->blocking : pc.blocking;
+}
+
+// Creates the handle and runs `make` now (a creation that waits, outside a
+// group) or in the background (one that does not, or inside a group).
+// `parent`: the communicator a split/shrink runs on (child_job). The new
+// communicator's own mode (later calls) is `pc.blocking`.
 Status create(ncclComm_t* out, const ParsedConfig& pc, int nranks, int rank,
               std::function<Result<std::unique_ptr<Comm>>()> make,
               std::shared_ptr<std::atomic<bool>> cancel = nullptr, ncclComm* parent = nullptr) {
+  const bool waits = creation_waits(pc, parent);
   auto c = std::make_unique<ncclComm>();
   c->init_cancel = std::move(cancel);
   c->blocking = pc.blocking;
   c->name = pc.name;
   c->rank = rank;
   c->nranks = nranks;
+  // A split or shrink lives on its parent's device, as NCCL's child job
+  // takes the parent's cudaDev (ncclCommCuDevice). Regression: children
+  // reported device 0 (NcclCompat.SplitChildKeepsTheParentsDevice).
+  if (parent != nullptr) c->cuda_dev = parent->cuda_dev;
   if (in_group()) {
     auto job = start_creation(c.get(), std::move(make));
     note_child_job(parent, job);
-    group_add_creation(job, pc.blocking);
+    group_add_creation(job, waits);
     *out = c.release();
     return Status::ok();
   }
-  if (!pc.blocking) {
+  if (!waits) {
     note_child_job(parent, start_creation(c.get(), std::move(make)));
     *out = c.release();
     return Status(StatusCode::kInProgress, "communicator initializing");
@@ -164,17 +188,73 @@ UniqueId to_loom_id(const ncclUniqueId& id) {
   return out;
 }
 
+// NCCL_COMM_ID=<host>:<port> (or [v6]:<port>): NCCL's fixed rendezvous
+// address (bootstrap.cc, bootstrapGetUniqueId; init.cc,
+// ncclCommInitRankDev). Every process makes the same unique id from it
+// without exchanging one, and the process of rank 0 hosts the rendezvous
+// there when it initialises. Read at each call, as NCCL's ncclGetEnv.
+// Regression: the variable was ignored ("has no meaning in Loom"), so each
+// process got its own id and the ranks never met
+// (NcclCompat.CommIdFromTheEnvironment).
+std::optional<std::string> comm_id_env() {
+  const char* v = std::getenv("NCCL_COMM_ID");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+// The id every process derives from NCCL_COMM_ID. Its secret cannot be
+// random (nothing is exchanged); it is derived from the port (ranks may
+// name the host differently) and LOOM_SECRET, which a launcher may set to
+// keep unrelated jobs apart, as NCCL's fixed magic number does less well.
+Result<UniqueId> comm_id_from_env(const std::string& text) {
+  Result<SockAddr> addr = parse_sockaddr(text);
+  if (!addr.is_ok())
+    return invalid_argument("NCCL_COMM_ID='" + text + "' is not <host>:<port> or [<ipv6>]:<port> (" +
+                            addr.status().message() + ")");
+  UidContents uid;
+  uid.root = *addr;
+  uid.secret = fnv1a("NCCL_COMM_ID|" + std::to_string(addr->port()) + "|" + env_string("LOOM_SECRET", ""));
+  return encode_uid(uid);
+}
+
+// The device a new communicator lives on: NCCL's ncclCommInitRank* take the
+// calling thread's current CUDA device (cudaGetDevice), which
+// ncclCommCuDevice reports. Without CUDA: 0. Regression: always 0, also
+// after cudaSetDevice (NcclCudaStaged.InitRankRecordsTheCurrentDevice).
+int current_cuda_device() {
+  const cuda::CudaRuntimeApi* rt = cuda::CudaLoader::get().runtime();
+  int dev = 0;
+  if (rt != nullptr && rt->get_device != nullptr && rt->get_device(&dev) == cuda::kCudaSuccess) return dev;
+  return 0;
+}
+
 Status init_rank_config(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
                         const ncclConfig_t* config) {
   apply_nccl_env();
   if (out == nullptr) return invalid_argument("comm (output pointer) is NULL");
+  // As NCCL's ncclCommInitRankDev, which clears *newcomm on every failure: a
+  // program that tests the handle after a refused init must not find the
+  // garbage it passed in. Regression: it was left as given
+  // (NcclCompat.FailedInitLeavesNoHandle).
+  *out = nullptr;
   LOOM_RETURN_IF_ERROR(check_ranks(nranks, rank));
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, ParsedConfig{}));
   UniqueId lid = to_loom_id(id);
   loom::Config lc = to_loom(pc);
+  if (rank == 0 && comm_id_env()) {
+    // Rank 0 hosts the rendezvous at the id's address (NCCL_COMM_ID's), in
+    // the calling thread, before the creation may go to the background.
+    LOOM_ASSIGN_OR_RETURN(UidContents uid, decode_uid(lid));
+    const double t = lc.timeout_s > 0 ? lc.timeout_s : params::timeout_s();
+    Result<SockAddr> bound = start_root(uid.root, uid.secret, t);
+    if (!bound.is_ok())
+      return bound.status().with_context("rank 0 cannot host the rendezvous at NCCL_COMM_ID " + uid.root.to_string());
+  }
   lc.cancel = std::make_shared<std::atomic<bool>>(false);  // ncclCommAbort while it initialises
-  return create(
+  Status s = create(
       out, pc, nranks, rank, [lid, nranks, rank, lc] { return Comm::init_rank(lid, nranks, rank, lc); }, lc.cancel);
+  if (*out != nullptr) (*out)->cuda_dev = current_cuda_device();
+  return s;
 }
 
 ParsedConfig settings_of(const ncclComm* c) {
@@ -205,12 +285,16 @@ Status split_impl(ncclComm* parent, int color, int key, ncclComm_t* newcomm,
   LOOM_ASSIGN_OR_RETURN(ParsedConfig pc, parse_config(config, settings_of(p)));
   auto make = [p, color, key] { return p->comm->split(color < 0 ? -1 : color, key); };
   if (color == NCCL_SPLIT_NOCOLOR) {
-    // This rank still takes part in the collective split but gets no comm.
-    if (in_group()) {
+    // This rank still takes part in the collective split but gets no comm;
+    // in the background like any split of its parent's mode.
+    if (in_group() || !creation_waits(pc, p)) {
       auto job = start_creation(nullptr, make);
       note_child_job(p, job);
-      group_add_creation(job, true);
-      return Status::ok();
+      if (in_group()) {
+        group_add_creation(job, creation_waits(pc, p));
+        return Status::ok();
+      }
+      return Status(StatusCode::kInProgress, "split in progress; poll ncclCommGetAsyncError on the parent");
     }
     LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Comm> none, make());
     (void)none;
@@ -225,7 +309,9 @@ extern "C" ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) {
   return guard("ncclGetUniqueId", nullptr, [&]() -> Status {
     apply_nccl_env();
     if (uniqueId == nullptr) return invalid_argument("uniqueId is NULL");
-    LOOM_ASSIGN_OR_RETURN(UniqueId id, get_unique_id());
+    // With NCCL_COMM_ID no root starts here: rank 0's init hosts it there.
+    std::optional<std::string> fixed = comm_id_env();
+    LOOM_ASSIGN_OR_RETURN(UniqueId id, fixed ? comm_id_from_env(*fixed) : get_unique_id());
     std::memcpy(uniqueId->internal, id.bytes, sizeof(uniqueId->internal));
     return Status::ok();
   });
@@ -357,6 +443,12 @@ extern "C" ncclResult_t pncclCommDestroy(ncclComm_t comm) {
       return invalid_argument("a non-blocking split or shrink of this communicator is still running: poll "
                               "ncclCommGetAsyncError on it until ncclSuccess, then destroy it");
     std::unique_ptr<ncclComm> owned(comm);
+    // Destroyed inside a group that holds calls of it: they are dropped
+    // (the others of the group still run at GroupEnd), as NCCL skips the
+    // tasks of a communicator being destroyed. Regression: GroupEnd issued
+    // them on the freed communicator (a crash;
+    // NcclCompat.DestroyOrAbortInsideAGroupDropsItsCalls).
+    group_forget(owned.get());
     if (owned->ready.valid()) (void)owned->ready.get();
     Status drained = drain(owned.get());
     Status s;
@@ -379,6 +471,7 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
     if (comm == nullptr) return Status::ok();
     LOOM_RETURN_IF_ERROR(check_handle(comm));
     std::unique_ptr<ncclComm> owned(comm);
+    group_forget(owned.get());  // as in ncclCommDestroy
     // Still initialising (non-blocking or grouped init): stop its waits for
     // the peers instead of waiting for them until LOOM_TIMEOUT.
     if (owned->init_cancel) owned->init_cancel->store(true);
@@ -409,9 +502,19 @@ extern "C" ncclResult_t pncclCommAbort(ncclComm_t comm) {
 
 extern "C" ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return guard("ncclCommRevoke", comm, [&]() -> Status {
+    // As NVIDIA's revoke design (and its API tests): NULL is a no-op; a
+    // communicator already revoked or finalizing is ncclInvalidArgument.
+    // Regression: NULL was refused, and a second revoke or one after
+    // Finalize succeeded (NcclCompat.RevokeEdgesAsNccl).
+    if (comm == nullptr) return Status::ok();
     LOOM_ASSIGN_OR_RETURN(ncclComm * c, live_comm(comm));
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return invalid_argument("revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->revoked) return invalid_argument("communicator already revoked");
+      if (c->finalized) return invalid_argument("communicator is finalized (ncclCommFinalize)");
+    }
     // loom::Comm::revoke ends queued and running operations here and on the
     // peers ("communicator revoked by rank R") and refuses new ones; split,
     // shrink and destroy stay possible. The state (ncclCommGetAsyncError, via

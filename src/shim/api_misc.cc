@@ -148,8 +148,15 @@ extern "C" ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   return guard("ncclMemAlloc", nullptr, [&]() -> Status {
+    apply_nccl_env();  // it may be the first call, and it logs (loading CUDA)
     if (ptr == nullptr) return invalid_argument("ptr is NULL");
-    if (size == 0) return invalid_argument("size is 0");
+    // NCCL (allocator.cc) hands a size of 0 to cudaMalloc, which succeeds
+    // with a NULL pointer; so does this. Regression: it was
+    // ncclInvalidArgument (NcclCompat.MemAllocOfZeroBytesGivesNull).
+    if (size == 0) {
+      *ptr = nullptr;
+      return Status::ok();
+    }
     // NCCL's ncclMemAlloc returns GPU memory, and CUDA programs (PyTorch's
     // NCCL memory pool) write to it from kernels: where a CUDA runtime sees
     // a device, device memory from cudaMalloc on the current device.
@@ -182,6 +189,7 @@ extern "C" ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
 
 extern "C" ncclResult_t pncclMemFree(void* ptr) {
   return guard("ncclMemFree", nullptr, [&]() -> Status {
+    apply_nccl_env();
     if (ptr == nullptr) return Status::ok();
     const cuda::CudaLoader& cl = cuda::CudaLoader::get();
     if (const cuda::CudaRuntimeApi* rt = cl.runtime(); rt != nullptr && rt->free_device != nullptr) {

@@ -45,10 +45,24 @@ Status check_handle(ncclComm* comm) {
   return Status::ok();
 }
 
+namespace {
+constexpr const char* kStillInitializing =
+    "communicator is still initializing (non-blocking): poll ncclCommGetAsyncError until it returns "
+    "ncclSuccess before using it";
+}  // namespace
+
 Result<ncclComm*> live_comm(ncclComm* comm) {
   LOOM_RETURN_IF_ERROR(check_handle(comm));
   if (comm->ready.valid()) {
-    Status s = comm->ready.get();  // waits if creation still runs
+    // As NCCL's ncclCommEnsureReady (Finalize, Split, Shrink): refused at
+    // once while the creation runs, not waited for (it may wait for peers
+    // this thread has yet to initialise). NCCL's buffer registration does
+    // not check and would race the creation; refused here too. Regression:
+    // Finalize, Split, Shrink, Revoke and registrations waited, up to
+    // LOOM_TIMEOUT (NcclCompat.EveryCallRefusesACommStillInitializing).
+    if (comm->ready.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      return invalid_argument(kStillInitializing);
+    Status s = comm->ready.get();
     if (!s.is_ok()) return s.with_context("communicator creation failed");
   }
   if (comm->comm == nullptr) return invalid_usage("communicator was never created");
@@ -76,9 +90,7 @@ void wait_child_job(ncclComm* comm) {
 Status creation_finished(ncclComm* comm) {
   LOOM_RETURN_IF_ERROR(check_handle(comm));
   if (comm->ready.valid() && comm->ready.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-    return invalid_argument(
-        "communicator is still initializing (non-blocking): poll ncclCommGetAsyncError until it returns "
-        "ncclSuccess before using it");
+    return invalid_argument(kStillInitializing);
   // Inside a group the split only starts at GroupEnd in NCCL, so the parent
   // stays usable there.
   if (!in_group() && child_job_running(comm))

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/log.h"
 #include "shim/shim.h"
 #include "topology/algo_override.h"
 
@@ -43,6 +44,42 @@ std::string translate_debug(const std::string& v) {
   return u;
 }
 
+}  // namespace
+
+// NCCL_DEBUG_SUBSYS names the subsystems NCCL's way; three of Loom's have
+// other names (GRAPH is TOPO, TUNING is TUNE, BOOTSTRAP is BOOT). The rest
+// pass as they are: Loom's own names, and NCCL ones Loom has no lines for
+// (ALLOC, CALL, PROXY, NVLS, REG, PROFILE, RAS), which Loom's logger
+// ignores. Regression: passed through untranslated, NCCL_DEBUG_SUBSYS=TUNING
+// named nothing Loom knows and so selected every subsystem
+// (NcclShimEnv.DebugSubsystemNamesTranslate).
+std::string translate_debug_subsys(const std::string& v) {
+  static constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
+      {"GRAPH", "TOPO"}, {"TUNING", "TUNE"}, {"BOOTSTRAP", "BOOT"}};
+  std::string out;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t end = v.find(',', start);
+    if (end == std::string::npos) end = v.size();
+    std::string name = v.substr(start, end - start);
+    start = end + 1;
+    // The '^' (exclude) prefix belongs to the list, not to the first name.
+    std::string prefix;
+    if (out.empty() && !name.empty() && name[0] == '^') {
+      prefix = "^";
+      name.erase(0, 1);
+    }
+    const size_t first = name.find_first_not_of(" \t");
+    name = first == std::string::npos ? "" : name.substr(first, name.find_last_not_of(" \t") - first + 1);
+    for (const auto& [nccl, loom] : kRenamed)
+      if (upper(name) == nccl) name = loom;
+    out += (out.empty() && prefix.empty() ? "" : out.empty() ? prefix : ",") + name;
+  }
+  return out;
+}
+
+namespace {
+
 struct Mapping {
   const char* nccl;
   const char* loom;
@@ -51,19 +88,27 @@ struct Mapping {
 
 std::string same(const std::string& v) { return v; }
 
+// NCCL_SHM_DISABLE=1 keeps NCCL off /dev/shm between ranks of a host (the
+// usual answer to a container's small /dev/shm); Loom's only other path
+// between them is TCP, so it means LOOM_TRANSPORT=socket. Regression: it
+// was ignored, and Loom kept using /dev/shm (NcclShimEnv.NcclVariablesMap
+// ToLoomOnesOnce).
+std::string translate_shm_disable(const std::string& v) { return v == "1" ? "socket" : ""; }
+
 const Mapping kMappings[] = {
     {"NCCL_DEBUG", "LOOM_DEBUG", translate_debug},
-    {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", same},
+    {"NCCL_DEBUG_SUBSYS", "LOOM_DEBUG_SUBSYS", translate_debug_subsys},
     {"NCCL_DEBUG_FILE", "LOOM_DEBUG_FILE", same},
     {"NCCL_ALGO", "LOOM_ALGO", nullptr},  // translated by translate_nccl_algo
     {"NCCL_SOCKET_IFNAME", "LOOM_SOCKET_IFNAME", same},
     {"NCCL_TOPO_FILE", "LOOM_TOPO_FILE", same},
     {"NCCL_TOPO_DUMP_FILE", "LOOM_TOPO_DUMP_FILE", same},
     {"NCCL_TOPO_DUMP_FILE_RANK", "LOOM_TOPO_DUMP_FILE_RANK", same},
+    {"NCCL_SHM_DISABLE", "LOOM_TRANSPORT", translate_shm_disable},
 };
 
 // Read by the shim itself rather than mapped.
-const char* const kShimOwned[] = {"NCCL_COMM_BLOCKING"};
+const char* const kShimOwned[] = {"NCCL_COMM_BLOCKING", "NCCL_COMM_ID"};
 
 int level_of(const char* v) {
   if (v == nullptr) return 0;
@@ -148,9 +193,13 @@ std::string translate_nccl_algo(const std::string& v, std::vector<std::string>* 
 
 bool log_enabled(LogLevel level) { return debug_level() >= static_cast<int>(level); }
 
-void log(LogLevel level, const std::string& msg) {
-  const char* tag = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "TRACE";
-  std::fprintf(stderr, "loom-nccl %s %s\n", tag, msg.c_str());
+// Through Loom's logger, so the shim's lines go where NCCL_DEBUG_FILE says
+// (NCCL's debug.cc writes all of its output there) and NCCL_DEBUG_SUBSYS
+// filters them like the rest. Regression: they went to stderr, whatever the
+// file (NcclCompat.DebugOutputGoesWhereNcclDebugFileSays).
+void log(LogLevel level, const std::string& msg, unsigned subsys) {
+  const auto core_level = static_cast<loom::LogLevel>(static_cast<int>(level));
+  if (loom::log_enabled(core_level, subsys)) loom::detail::log_write(core_level, subsys, msg);
 }
 
 std::optional<bool> blocking_from_env() {
@@ -198,8 +247,13 @@ void apply_nccl_env() {
                                [&](const char* n) { return name == n; });
       if (!known) notes.push_back(name + " has no meaning in Loom, ignored");
     }
+    // Loom's logger may have read LOOM_DEBUG* already (a call that logged
+    // before the first communicator, e.g. ncclMemAlloc loading CUDA): read
+    // them again now that the NCCL_* values are in. Regression: the
+    // NCCL_DEBUG* settings were then ignored for the whole process.
+    loom::log_reinit();
     if (log_enabled(LogLevel::kInfo))
-      for (const std::string& n : notes) log(LogLevel::kInfo, n);
+      for (const std::string& n : notes) log(LogLevel::kInfo, n, kLogEnv);
   });
 }
 

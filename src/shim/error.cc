@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -13,9 +14,14 @@
 namespace loom::shim {
 
 namespace {
-// NCCL keeps the last error per thread; we also keep it per communicator so
-// ncclGetLastError(comm) from a watchdog thread sees that comm's failure.
+// Per thread, so a thread driving one rank reads its own failure; also per
+// communicator, so ncclGetLastError(comm) from a watchdog thread sees that
+// comm's failure; and the process's latest, which is all NCCL keeps (its
+// ncclLastError, written by every WARN): a thread that failed nothing
+// itself reads that, as with NCCL.
 thread_local std::string t_last_error;
+std::mutex g_last_mu;
+std::string g_last_error;  // guarded by g_last_mu
 }  // namespace
 
 ncclResult_t to_nccl(StatusCode code) {
@@ -46,6 +52,10 @@ void record_error(ncclComm* comm, const Status& s) {
     std::lock_guard<std::mutex> lock(comm->mu);
     comm->last_error = text;
   }
+  {
+    std::lock_guard<std::mutex> lock(g_last_mu);
+    g_last_error = text;
+  }
   t_last_error = std::move(text);
 }
 
@@ -62,7 +72,14 @@ const char* last_error(ncclComm* comm) {
       return t_comm_error.c_str();
     }
   }
-  return t_last_error.c_str();
+  if (!t_last_error.empty()) return t_last_error.c_str();
+  // Regression: a thread that had failed nothing read "" where NCCL gives
+  // the process's last error, e.g. a main thread reporting a failure of the
+  // threads that drive the ranks (NcclShimErrors.LastErrorIsPerThread).
+  thread_local std::string t_process_error;
+  std::lock_guard<std::mutex> lock(g_last_mu);
+  t_process_error = g_last_error;
+  return t_process_error.c_str();
 }
 
 CallScope::CallScope(ncclComm* comm) noexcept {

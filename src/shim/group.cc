@@ -73,6 +73,11 @@ void group_fail(const Status& s) {
   if (t_group.error.is_ok()) t_group.error = s;
 }
 
+void group_forget(ncclComm* comm) {
+  std::erase(t_group.comms, comm);
+  comm->group_ops.clear();
+}
+
 }  // namespace loom::shim
 
 using namespace loom;

@@ -180,10 +180,15 @@ bool wait_for_calls(ncclComm* comm, double limit_s);
 void apply_nccl_env();
 enum class LogLevel { kWarn = 1, kInfo = 2, kTrace = 3 };
 bool log_enabled(LogLevel level);
-void log(LogLevel level, const std::string& msg);
+// The shim's own messages (only when NCCL_DEBUG or LOOM_DEBUG asks for them),
+// written by Loom's logger under `subsys`; warnings pass every subsystem
+// filter, as NCCL's WARN.
+void log(LogLevel level, const std::string& msg, unsigned subsys = ~0u /* loom::kLogAll */);
 // NCCL_ALGO -> LOOM_ALGO ("" when nothing translates); untranslated parts
 // are appended to `dropped`.
 std::string translate_nccl_algo(const std::string& nccl_algo, std::vector<std::string>* dropped);
+// NCCL_DEBUG_SUBSYS -> LOOM_DEBUG_SUBSYS (NCCL's names for Loom's subsystems).
+std::string translate_debug_subsys(const std::string& nccl_subsys);
 // NCCL_COMM_BLOCKING: 0 or 1 overrides every communicator's
 // ncclConfig_t.blocking (as NCCL); unset or another value: nullopt.
 std::optional<bool> blocking_from_env();
@@ -232,6 +237,9 @@ void group_record(ncclComm* comm, PendingOp op);
 void group_add_creation(std::shared_future<Status> done, bool blocking);
 // Marks the open group failed (NCCL discards a group whose call failed).
 void group_fail(const Status& s);
+// Drops `comm`'s calls from this thread's open group: it is being destroyed
+// or aborted, and the group must not reach it at GroupEnd.
+void group_forget(ncclComm* comm);
 
 // ---- api_coll.cc ---------------------------------------------------------
 Result<DataType> check_dtype(ncclDataType_t dt);

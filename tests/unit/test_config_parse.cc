@@ -122,6 +122,13 @@ TEST(EnvReaders, DebugSubsystemExclusionsOfUnknownNamesKeepEverything) {
   EXPECT_TRUE(log_enabled(LogLevel::kInfo, kLogInit));
   EXPECT_TRUE(log_enabled(LogLevel::kInfo, kLogColl));
   EXPECT_FALSE(log_enabled(LogLevel::kInfo, kLogNet));
+  // Warnings are never filtered by subsystem, as NCCL's WARN (logged with
+  // NCCL_ALL). Regression: LOOM_DEBUG_SUBSYS=COLL hid a NET warning.
+  EXPECT_TRUE(log_enabled(LogLevel::kWarn, kLogNet));
+  setenv("LOOM_DEBUG_SUBSYS", "^NET", 1);
+  log_reinit();
+  EXPECT_TRUE(log_enabled(LogLevel::kWarn, kLogNet));
+  EXPECT_FALSE(log_enabled(LogLevel::kInfo, kLogNet));
   unsetenv("LOOM_DEBUG");
   unsetenv("LOOM_DEBUG_SUBSYS");
   log_reinit();

@@ -60,5 +60,33 @@ TEST(DefaultInterface, NamedInterfaceStillWins) {
   EXPECT_TRUE(a->is_loopback()) << a->to_string();
 }
 
+// NCCL_SOCKET_IFNAME's grammar (copied to LOOM_SOCKET_IFNAME by the shim):
+// a comma list of name prefixes, '=' for exact names, '^' to exclude the
+// list; the prefixes apply to the whole list, so "=a,=b" names "a" and
+// "=b" (NCCL's user guide, environment variables).
+TEST(DefaultInterface, IfnameGrammarAsNccl) {
+  auto with = [](const char* spec) {
+    ::setenv("LOOM_SOCKET_IFNAME", spec, 1);
+    auto a = default_listen_addr();
+    ::unsetenv("LOOM_SOCKET_IFNAME");
+    return a;
+  };
+  for (const char* spec : {"l", "=lo", "nosuch,lo", "=nosuch,lo"}) {
+    auto a = with(spec);
+    ASSERT_TRUE(a.is_ok()) << spec << ": " << a.status().to_string();
+    EXPECT_TRUE(a->is_loopback()) << spec << ": " << a->to_string();
+  }
+  for (const char* spec : {"=l", "nosuch", "=lo0", "=nosuch,=lo"}) EXPECT_FALSE(with(spec).is_ok()) << spec;
+  // Excluding loopback never picks it.
+  auto a = with("^lo");
+  if (a.is_ok()) {
+    EXPECT_FALSE(a->is_loopback()) << a->to_string();
+  }
+  auto b = with("^=lo");
+  if (b.is_ok()) {
+    EXPECT_FALSE(b->is_loopback()) << b->to_string();
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -352,7 +352,9 @@ TEST(NcclApi, CommBlockingEnvOverridesTheConfig) {
 
 // A split without a config inherits the parent's blocking; one with a
 // config starts from the defaults (blocking), as NCCL's parseCommConfig.
-// Regression: a config that left `blocking` unset kept the parent's.
+// Regression: a config that left `blocking` unset kept the parent's. (The
+// split itself runs in the parent's mode, non-blocking here, whatever the
+// child's: NcclCompat.SplitOfNonBlockingParentsNeverWaits.)
 TEST(NcclApi, SplitWithAConfigStartsFromTheDefaults) {
   ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
   nb.blocking = 0;
@@ -362,10 +364,19 @@ TEST(NcclApi, SplitWithAConfigStartsFromTheDefaults) {
   ncclComm_t inherited = nullptr, fresh = nullptr;
   EXPECT_EQ(ncclCommSplit(parent, 0, 0, &inherited, nullptr), ncclInProgress);
   ASSERT_NE(inherited, nullptr);
+  ASSERT_EQ(wait_ready(parent), ncclSuccess);
   EXPECT_EQ(wait_ready(inherited), ncclSuccess);
   ncclConfig_t unset = NCCL_CONFIG_INITIALIZER;
-  EXPECT_EQ(ncclCommSplit(parent, 0, 0, &fresh, &unset), ncclSuccess);
+  EXPECT_EQ(ncclCommSplit(parent, 0, 0, &fresh, &unset), ncclInProgress);
   ASSERT_NE(fresh, nullptr);
+  ASSERT_EQ(wait_ready(parent), ncclSuccess);
+  ASSERT_EQ(wait_ready(fresh), ncclSuccess);
+  // The children's own modes: a call on the blocking one has finished when
+  // it returns, the non-blocking one's is in progress.
+  float x = 1, y = 0;
+  EXPECT_EQ(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, fresh, nullptr), ncclSuccess);
+  EXPECT_EQ(y, 1.0f);
+  EXPECT_EQ(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, inherited, nullptr), ncclInProgress);
   // (ncclCommShrink parses its config the same way, parse_config; a shrink
   // needs a rank to exclude, so it is not run on this one-rank parent.)
   for (ncclComm_t c : {inherited, fresh, parent}) {

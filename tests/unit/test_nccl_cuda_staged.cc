@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda_loader.h"
@@ -372,6 +373,30 @@ TEST(NcclCudaStaged, StagingBuffersAreReusedAndFreed) {
     EXPECT_GT(mock().host_live(), live0);
   }
   EXPECT_EQ(mock().host_live(), live0) << "staging buffers outlived their communicators";
+}
+
+// ncclCommInitRank* record the calling thread's current device
+// (cudaGetDevice, as NCCL), which ncclCommCuDevice reports; a split keeps it.
+TEST(NcclCudaStaged, InitRankRecordsTheCurrentDevice) {
+  ASSERT_NE(mock().set_device, nullptr);
+  int dev = -1;
+  std::thread t([&] {
+    ASSERT_EQ(mock().set_device(2), 0);
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ncclComm_t c = nullptr, child = nullptr;
+    ASSERT_EQ(ncclCommInitRank(&c, 1, id, 0), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(mock().set_device(0), 0);  // later changes do not move the comm
+    EXPECT_EQ(ncclCommCuDevice(c, &dev), ncclSuccess);
+    ASSERT_EQ(ncclCommSplit(c, 0, 0, &child, nullptr), ncclSuccess) << ncclGetLastError(c);
+    int child_dev = -1;
+    EXPECT_EQ(ncclCommCuDevice(child, &child_dev), ncclSuccess);
+    EXPECT_EQ(child_dev, 2);
+    EXPECT_EQ(ncclCommDestroy(child), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  });
+  t.join();
+  EXPECT_EQ(dev, 2);
 }
 
 // With a CUDA runtime, ncclMemAlloc hands out device memory (NVIDIA's does,

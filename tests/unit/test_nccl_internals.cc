@@ -52,12 +52,19 @@ TEST(NcclShimErrors, NoExceptionCrossesTheBoundary) {
   EXPECT_EQ(guard("t", nullptr, []() -> Status { throw 7; }), ncclInternalError);
 }
 
+// A thread reads its own last failure; one that failed nothing reads the
+// process's last, as NCCL (one ncclLastError per process), not "".
 TEST(NcclShimErrors, LastErrorIsPerThread) {
   (void)guard("main", nullptr, [] { return invalid_usage("from main"); });
-  std::string other;
-  std::thread t([&] { other = ncclGetLastError(nullptr); });
+  std::string other, own;
+  std::thread t([&] {
+    other = ncclGetLastError(nullptr);
+    (void)guard("thread", nullptr, [] { return invalid_usage("from the thread"); });
+    own = ncclGetLastError(nullptr);
+  });
   t.join();
-  EXPECT_EQ(other, "");
+  EXPECT_NE(other.find("from main"), std::string::npos) << other;
+  EXPECT_NE(own.find("from the thread"), std::string::npos) << own;
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("from main"), std::string::npos);
 }
 
@@ -109,7 +116,7 @@ TEST(NcclShimPremul, NarrowFloatsRoundOnce) {
 
 TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   // apply_nccl_env runs once per process: everything is set up first.
-  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,COLL", 1);
+  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,COLL,TUNING", 1);
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   ::setenv("NCCL_TOPO_FILE", "/tmp/topo.xml", 1);
   ::setenv("NCCL_ALGO", "Ring,NVLS", 1);
@@ -119,8 +126,13 @@ TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   ::unsetenv("LOOM_SOCKET_IFNAME");
   ::unsetenv("LOOM_TOPO_FILE");
   ::unsetenv("LOOM_ALGO");
+  ::setenv("NCCL_SHM_DISABLE", "1", 1);
+  ::unsetenv("LOOM_TRANSPORT");
   apply_nccl_env();
-  EXPECT_STREQ(std::getenv("LOOM_DEBUG_SUBSYS"), "INIT,COLL");
+  EXPECT_STREQ(std::getenv("LOOM_TRANSPORT"), "socket");  // NCCL_SHM_DISABLE=1: no /dev/shm between ranks
+  ::unsetenv("LOOM_TRANSPORT");
+  ::unsetenv("NCCL_SHM_DISABLE");
+  EXPECT_STREQ(std::getenv("LOOM_DEBUG_SUBSYS"), "INIT,COLL,TUNE");  // NCCL's TUNING is Loom's TUNE
   EXPECT_STREQ(std::getenv("LOOM_SOCKET_IFNAME"), "lo");
   EXPECT_STREQ(std::getenv("LOOM_TOPO_FILE"), "/tmp/topo.xml");
   // Ring is the only one Loom has of the allowed set: forced for the
@@ -132,6 +144,15 @@ TEST(NcclShimEnv, NcclVariablesMapToLoomOnesOnce) {
   ::setenv("NCCL_TOPO_FILE", "/tmp/other.xml", 1);
   apply_nccl_env();
   EXPECT_STREQ(std::getenv("LOOM_TOPO_FILE"), "/tmp/topo.xml");
+}
+
+// NCCL's subsystem names select Loom's lines of the same subsystem.
+TEST(NcclShimEnv, DebugSubsystemNamesTranslate) {
+  EXPECT_EQ(translate_debug_subsys("INIT,COLL"), "INIT,COLL");
+  EXPECT_EQ(translate_debug_subsys("GRAPH,tuning, BOOTSTRAP"), "TOPO,TUNE,BOOT");
+  EXPECT_EQ(translate_debug_subsys("^BOOTSTRAP,NET"), "^BOOT,NET");
+  EXPECT_EQ(translate_debug_subsys("ALLOC,PROXY"), "ALLOC,PROXY");  // none in Loom: ignored there
+  EXPECT_EQ(translate_debug_subsys("ALL"), "ALL");
 }
 
 TEST(NcclShimEnv, NcclAlgoTranslation) {

@@ -63,6 +63,8 @@ static_assert(std::is_same_v<decltype(static_cast<cudaError_t (*)(void**, size_t
 static_assert(std::is_same_v<decltype(static_cast<cudaError_t (*)(void**, size_t)>(&cudaMalloc)),
                              cudaError_t (*)(void**, size_t)>);
 static_assert(std::is_same_v<decltype(&cudaFree), cudaError_t (*)(void*)>);
+// ncclCommInitRank*'s current device.
+static_assert(std::is_same_v<decltype(&cudaGetDevice), cudaError_t (*)(int*)>);
 #if defined(__has_include)
 #if __has_include(<cuda.h>)
 #include <cuda.h>

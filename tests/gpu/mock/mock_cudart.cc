@@ -240,6 +240,21 @@ CudaError cudaFree(void* p) {
   return 0;
 }
 
+// The calling thread's current device, as CUDA keeps it (per host thread).
+static thread_local int t_current_device = 0;
+
+CudaError cudaSetDevice(int device) {
+  if (device < 0 || static_cast<size_t>(device) >= machine().gpus.size()) return kInvalidDevice;
+  t_current_device = device;
+  return 0;
+}
+
+CudaError cudaGetDevice(int* device) {
+  if (device == nullptr) return kInvalidValue;
+  *device = t_current_device;
+  return 0;
+}
+
 #ifdef LOOM_MOCK_STAGING
 // Enqueued on the stream's worker; `kind` is ignored (every "device" pointer
 // is host memory here), which cudaMemcpyDefault also leaves to the pointers.
@@ -272,9 +287,6 @@ CudaError cudaFreeHost(void* p) {
 // What tests/gpu/test_cuda_real.cc also calls, so that it runs against
 // this mock too (ctest gpu/test_cuda_real_mock): one device, memset on the
 // stream, a synchronous copy.
-CudaError cudaSetDevice(int device) {
-  return device >= 0 && static_cast<size_t>(device) < machine().gpus.size() ? 0 : kInvalidDevice;
-}
 
 CudaError cudaMemsetAsync(void* dst, int value, size_t bytes, CudaStream stream) {
   MockStream* s = stream_of(stream);

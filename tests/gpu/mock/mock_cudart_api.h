@@ -25,6 +25,7 @@ struct MockCudart {
   int (*stream_destroy)(cudaStream_t) = sym<int (*)(cudaStream_t)>("cudaStreamDestroy");
   int (*malloc_dev)(void**, size_t) = sym<int (*)(void**, size_t)>("cudaMalloc");
   int (*free_dev)(void*) = sym<int (*)(void*)>("cudaFree");
+  int (*set_device)(int) = sym<int (*)(int)>("cudaSetDevice");
   // After the stream's prior work, sleep delay_ms, then copy (test hook).
   int (*enqueue_copy)(cudaStream_t, void*, const void*, size_t, int) =
       sym<int (*)(cudaStream_t, void*, const void*, size_t, int)>("loom_mock_stream_enqueue_copy");
