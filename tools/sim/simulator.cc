@@ -1,0 +1,1186 @@
+#include "simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <unordered_map>
+
+#include "algorithms/matching.h"
+#include "topology/paths.h"
+#include "topology/tuner.h"
+
+namespace loom::sim {
+
+const char* limit_name(Limit l) {
+  switch (l) {
+    case Limit::kLatency: return "latency";
+    case Limit::kOverhead: return "per-message overhead";
+    case Limit::kPath: return "path bandwidth";
+    case Limit::kSendPort: return "send side";
+    case Limit::kRecvPort: return "receive side";
+    case Limit::kLink: return "host link";
+    case Limit::kNicOut: return "NIC out";
+    case Limit::kNicIn: return "NIC in";
+    case Limit::kLocal: return "local copy/reduce";
+  }
+  return "?";
+}
+
+// ---- the fabric of a placement ---------------------------------------------
+
+namespace {
+
+// One resource of a route, relative to the two ranks' hosts.
+struct Hop {
+  bool at_dst = false;  // on the receiver's host (else the sender's)
+  bool nic = false;     // a NIC's network port (else a link of the graph)
+  uint32_t index = 0;   // the NIC's or the link's index
+  uint8_t dir = 0;      // link: 0 = from its end a to b; NIC: 0 = out
+};
+
+struct Routes {
+  const topo::TopoGraph* g = nullptr;
+  const topo::RankTopology* rt = nullptr;
+  int n = 0, nhosts = 1, nnic = 0, nlinks = 0;
+  std::vector<int> rank_nic;  // per slot class: the NIC index it leaves by
+  // Per slot class: its send (receive) side need not be priced apart, as
+  // every route from (to) it crosses one link first (last) that is no
+  // faster (a GPU's PCI link): one resource fewer per message.
+  std::vector<char> skip_send, skip_recv;
+  std::unordered_map<uint64_t, std::pair<uint32_t, uint8_t>> link_of;  // (u, v) -> (link, direction u -> v)
+  mutable std::vector<std::optional<std::vector<Hop>>> memo;         // per (same host, class a, class b)
+
+  uint32_t nic_res(int host, int nic, int dir) const {
+    return static_cast<uint32_t>(2 * n + 2 * (host * nnic + nic) + dir);
+  }
+  uint32_t link_res(int host, uint32_t link, int dir) const {
+    return static_cast<uint32_t>(2 * n + 2 * nhosts * nnic + 2 * (host * nlinks + static_cast<int>(link)) + dir);
+  }
+  // The links along `nodes`, in the order traffic crosses them (reversed:
+  // from the last node back to the first).
+  void links(const std::vector<int>& nodes, bool reversed, bool at_dst, std::vector<Hop>& out) const {
+    for (size_t j = 0; j + 1 < nodes.size(); ++j) {
+      const size_t i = reversed ? nodes.size() - 2 - j : j;
+      int u = nodes[i], v = nodes[i + 1];
+      if (reversed) std::swap(u, v);
+      auto it = link_of.find((static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(v));
+      if (it != link_of.end()) out.push_back({at_dst, false, it->second.first, it->second.second});
+    }
+  }
+  const std::vector<Hop>& hops(int a, int b) const {
+    const bool same = rt->ranks[static_cast<size_t>(a)].host == rt->ranks[static_cast<size_t>(b)].host;
+    const size_t nc = static_cast<size_t>(rt->nclasses());
+    const size_t ca = static_cast<size_t>(rt->slot_class(a)), cb = static_cast<size_t>(rt->slot_class(b));
+    std::optional<std::vector<Hop>>& m = memo[(same ? nc * nc : 0) + ca * nc + cb];
+    if (!m) {
+      m.emplace();
+      if (same) {
+        links(rt->path(a, b).nodes, false, false, *m);
+      } else {
+        const topo::RankInfo& ra = rt->ranks[static_cast<size_t>(a)];
+        const topo::RankInfo& rb = rt->ranks[static_cast<size_t>(b)];
+        links(ra.nic_path.nodes, false, false, *m);
+        m->push_back({false, true, static_cast<uint32_t>(rank_nic[ca]), 0});
+        m->push_back({true, true, static_cast<uint32_t>(rank_nic[cb]), 1});
+        links(rb.nic_path.nodes, true, true, *m);
+      }
+    }
+    return *m;
+  }
+};
+
+}  // namespace
+
+Fabric fabric_for(const topo::TopoGraph& g, const topo::RankTopology& rt, const topo::PairCosts& pairs,
+                  double gamma_us_per_byte, double gap_us) {
+  auto routes = std::make_shared<Routes>();
+  Routes& R = *routes;
+  R.g = &g;
+  R.rt = &rt;
+  R.n = rt.nranks;
+  R.nhosts = std::max(rt.nhosts, 1);
+  R.nlinks = static_cast<int>(g.links.size());
+  const size_t nc = static_cast<size_t>(rt.nclasses());
+  R.memo.resize(2 * nc * nc);
+  auto GBps_of = [](const topo::LinkCost& l) {
+    return l.beta_us_per_byte > 0 ? 1e-3 / l.beta_us_per_byte : std::numeric_limits<double>::infinity();
+  };
+
+  // NICs: one per NIC node at its network speed; ranks without one (or of
+  // unknown speed: the path's bandwidth then) share a stand-in per host.
+  const std::vector<int> nic_nodes = g.nodes_of(topo::NodeType::kNic);
+  std::vector<double> nic_GBps;
+  std::vector<std::string> nic_names;
+  std::vector<int> index_of(g.nodes.size(), -1);
+  for (size_t i = 0; i < nic_nodes.size(); ++i) {
+    index_of[static_cast<size_t>(nic_nodes[i])] = static_cast<int>(i);
+    const topo::TopoNode& node = g.nodes[static_cast<size_t>(nic_nodes[i])];
+    nic_GBps.push_back(node.net_bw);
+    nic_names.push_back(node.name.empty() ? g.label(nic_nodes[i]) : node.name);
+  }
+  const int standin = static_cast<int>(nic_nodes.size());
+  double standin_GBps = 0;
+  bool need_standin = false;
+  R.rank_nic.assign(nc, standin);
+  for (int s = 0; s < rt.ranks_per_host && s < rt.nranks; ++s) {
+    const topo::RankInfo& ri = rt.ranks[static_cast<size_t>(s)];
+    int nic = ri.nic >= 0 ? index_of[static_cast<size_t>(ri.nic)] : -1;
+    if (nic >= 0 && !(nic_GBps[static_cast<size_t>(nic)] > 0)) nic = -1;
+    if (nic < 0) {
+      nic = standin;
+      need_standin = true;
+      if (rt.nhosts > 1) standin_GBps = std::max(standin_GBps, GBps_of(pairs(s, s + rt.ranks_per_host)));
+    }
+    R.rank_nic[static_cast<size_t>(rt.slot_class(s))] = nic;
+  }
+  if (need_standin) {
+    nic_GBps.push_back(standin_GBps > 0 ? standin_GBps : std::numeric_limits<double>::infinity());
+    nic_names.push_back("network");
+  }
+  R.nnic = static_cast<int>(nic_GBps.size());
+  // Links, by their two ends; parallel links count as the widest of them.
+  for (size_t i = 0; i < g.links.size(); ++i) {
+    const topo::TopoLink& l = g.links[i];
+    for (int d = 0; d < 2; ++d) {
+      const int u = d ? l.b : l.a, v = d ? l.a : l.b;
+      const uint64_t key = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(v);
+      auto it = R.link_of.find(key);
+      if (it == R.link_of.end() || g.links[it->second.first].bw < l.bw)
+        R.link_of[key] = {static_cast<uint32_t>(i), static_cast<uint8_t>(d)};
+    }
+  }
+
+  Fabric f;
+  f.nranks = rt.nranks;
+  f.gamma_us_per_byte = gamma_us_per_byte;
+  f.gap_us = gap_us;
+  const size_t nres = 2 * static_cast<size_t>(R.n) + 2 * static_cast<size_t>(R.nhosts) * static_cast<size_t>(R.nnic) +
+                      2 * static_cast<size_t>(R.nhosts) * static_cast<size_t>(R.nlinks);
+  f.capacity_GBps.assign(nres, std::numeric_limits<double>::infinity());
+  f.kind.assign(nres, Limit::kLink);
+  // A rank's ports: the fastest of its paths, never below what the cost
+  // model lets one of its messages reach.
+  std::vector<double> class_port(nc, 0);
+  for (size_t a = 0; a < nc; ++a)
+    for (size_t b = 0; b < nc; ++b)
+      for (const topo::Path* p : {&rt.local_paths_[a * nc + b], &rt.remote_paths_[a * nc + b]})
+        if (std::isfinite(p->bw) && p->bw > 0) class_port[a] = std::max(class_port[a], p->bw);
+  for (int r = 0; r < R.n; ++r) {
+    double port = class_port[static_cast<size_t>(rt.slot_class(r))];
+    for (int peer : {(r + 1) % R.n, (r + rt.ranks_per_host) % R.n})
+      if (peer != r) port = std::max(port, GBps_of(pairs(r, peer)));
+    if (!(port > 0)) port = topo::kHostMemBw;
+    f.capacity_GBps[static_cast<size_t>(r)] = f.capacity_GBps[static_cast<size_t>(R.n + r)] = port;
+    f.kind[static_cast<size_t>(r)] = Limit::kSendPort;
+    f.kind[static_cast<size_t>(R.n + r)] = Limit::kRecvPort;
+  }
+  for (int h = 0; h < R.nhosts; ++h) {
+    for (int i = 0; i < R.nnic; ++i)
+      for (int d = 0; d < 2; ++d) {
+        f.capacity_GBps[R.nic_res(h, i, d)] = nic_GBps[static_cast<size_t>(i)];
+        f.kind[R.nic_res(h, i, d)] = d ? Limit::kNicIn : Limit::kNicOut;
+      }
+    for (int l = 0; l < R.nlinks; ++l) {
+      const double bw = g.links[static_cast<size_t>(l)].bw;
+      for (int d = 0; d < 2; ++d)
+        f.capacity_GBps[R.link_res(h, static_cast<uint32_t>(l), d)] =
+            std::isfinite(bw) && bw > 0 ? bw : std::numeric_limits<double>::infinity();
+    }
+  }
+  // Ports a single first (last) link stands for.
+  R.skip_send.assign(nc, 1);
+  R.skip_recv.assign(nc, 1);
+  {
+    std::vector<std::optional<std::pair<bool, uint32_t>>> first(nc), last(nc);  // the link seen so far
+    const int rph = std::min(rt.ranks_per_host, rt.nranks);
+    for (int a = 0; a < rph; ++a)
+      for (int b = 0; b < std::min(rt.nranks, 2 * rph); ++b) {
+        if (a == b) continue;
+        const size_t ca = static_cast<size_t>(rt.slot_class(a)), cb = static_cast<size_t>(rt.slot_class(b));
+        const std::vector<Hop>& h = R.hops(a, b);
+        auto id = [&](const Hop& x) { return R.link_res(0, x.index, x.dir); };
+        auto note = [&](std::optional<std::pair<bool, uint32_t>>& seen, char& skip, const Hop* x, uint32_t port) {
+          if (!x || x->nic || !(f.capacity_GBps[id(*x)] <= f.capacity_GBps[port])) {
+            skip = 0;
+            return;
+          }
+          if (seen && seen->second != id(*x)) skip = 0;
+          seen = std::make_pair(true, id(*x));
+        };
+        note(first[ca], R.skip_send[ca], h.empty() ? nullptr : &h.front(), static_cast<uint32_t>(a));
+        note(last[cb], R.skip_recv[cb], h.empty() ? nullptr : &h.back(), static_cast<uint32_t>(R.n + b));
+      }
+  }
+  f.link = [&pairs](int a, int b) { return pairs(a, b); };
+  f.route = [routes](int a, int b, std::vector<uint32_t>& out) {
+    const Routes& R = *routes;
+    if (!R.skip_send[static_cast<size_t>(R.rt->slot_class(a))]) out.push_back(static_cast<uint32_t>(a));
+    if (!R.skip_recv[static_cast<size_t>(R.rt->slot_class(b))]) out.push_back(static_cast<uint32_t>(R.n + b));
+    const int ha = R.rt->ranks[static_cast<size_t>(a)].host, hb = R.rt->ranks[static_cast<size_t>(b)].host;
+    for (const Hop& h : R.hops(a, b)) {
+      const int host = h.at_dst ? hb : ha;
+      out.push_back(h.nic ? R.nic_res(host, static_cast<int>(h.index), h.dir) : R.link_res(host, h.index, h.dir));
+    }
+  };
+  f.name = [routes, nic_names](uint32_t id) -> std::string {
+    const Routes& R = *routes;
+    const int n = R.n;
+    if (id < static_cast<uint32_t>(n)) return fmt::format("send side of rank {}", id);
+    if (id < static_cast<uint32_t>(2 * n)) return fmt::format("receive side of rank {}", id - static_cast<uint32_t>(n));
+    uint32_t k = id - static_cast<uint32_t>(2 * n);
+    const auto nic_total = static_cast<uint32_t>(2 * R.nhosts * R.nnic);
+    if (k < nic_total) {
+      const uint32_t dir = k % 2, slot = k / 2;
+      return fmt::format("NIC {} {} of host {}", nic_names[slot % static_cast<uint32_t>(R.nnic)], dir ? "in" : "out",
+                         slot / static_cast<uint32_t>(R.nnic));
+    }
+    k -= nic_total;
+    const uint32_t dir = k % 2, slot = k / 2;
+    const topo::TopoLink& l = R.g->links[slot % static_cast<uint32_t>(R.nlinks)];
+    return fmt::format("{} link {} -> {} of host {}", topo::link_type_name(l.type), R.g->label(dir ? l.b : l.a),
+                       R.g->label(dir ? l.a : l.b), slot / static_cast<uint32_t>(R.nlinks));
+  };
+  return f;
+}
+
+// ---- the engine ------------------------------------------------------------
+
+namespace {
+
+// A time as the sum of the pieces of the critical path that led to it.
+struct Chain {
+  std::array<double, kNumLimits> t{};
+  // Per kind: the resource (for kPath the pair, src * nranks + dst) behind
+  // the largest single piece, and that piece.
+  std::array<uint32_t, kNumLimits> top{};
+  std::array<float, kNumLimits> top_t{};
+  void add(Limit l, double dt, uint32_t what = 0) {
+    const auto k = static_cast<size_t>(l);
+    t[k] += dt;
+    if (dt > top_t[k]) {
+      top_t[k] = static_cast<float>(dt);
+      top[k] = what;
+    }
+  }
+};
+
+constexpr uint32_t kNone = UINT32_MAX;
+
+// One posted transfer step.
+struct MsgRef {
+  uint64_t phase = 0;
+  uint64_t count = 0;
+  uint32_t step = 0;  // its index in the phase
+  StepKind kind = StepKind::kSend;
+  uint8_t flags = 0;
+};
+
+struct Landed {
+  MsgRef msg;
+  Chain chain;  // of its arrival
+};
+
+// A FIFO that keeps its storage (pairs are reused).
+template <class T>
+struct Fifo {
+  std::vector<T> v;
+  size_t head = 0;
+  bool empty() const { return head == v.size(); }
+  size_t size() const { return v.size() - head; }
+  const T& front() const { return v[head]; }
+  void push(const T& x) { v.push_back(x); }
+  T pop() {
+    T x = std::move(v[head++]);
+    if (head == v.size()) {
+      v.clear();
+      head = 0;
+    } else if (head >= 64 && 2 * head >= v.size()) {  // never drained: drop what was taken
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(head));
+      head = 0;
+    }
+    return x;
+  }
+};
+
+// Messages from src to dst: posted sends not yet started, posted receives
+// not yet matched, and messages that arrived before their receive.
+constexpr size_t kMaxRoute = 12;
+
+struct Pair {
+  int src = -1, dst = -1;
+  bool busy = false;      // a message is on its way (one at a time)
+  bool injecting = false; // queued for its sender's next message slot
+  Fifo<MsgRef> sends, recvs;
+  Fifo<Landed> landed;
+  // Its messages' price and path (timed only): alpha, 1 / beta, and the
+  // shared resources they use.
+  double alpha = 0, path_rate = 0;
+  uint8_t nroute = 0;
+  std::array<uint32_t, kMaxRoute> route{};
+  bool idle() const { return !busy && !injecting && sends.empty() && recvs.empty() && landed.empty(); }
+};
+
+// Open addressing, linear probing, backward-shift deletion: (src, dst) ->
+// the pair's slot. Pairs live only while they hold something, so the table
+// holds the pairs in use at one time, not every pair ever used.
+class PairIndex {
+ public:
+  static constexpr uint64_t kEmpty = UINT64_MAX;
+  PairIndex() { resize(1024); }
+  const uint32_t* find(uint64_t key) const {
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      if (keys_[i] == kEmpty) return nullptr;
+      if (keys_[i] == key) return &vals_[i];
+    }
+  }
+  void insert(uint64_t key, uint32_t val) {
+    if (2 * (size_ + 1) > keys_.size()) resize(2 * keys_.size());
+    size_t i = slot(key);
+    while (keys_[i] != kEmpty) i = (i + 1) & mask_;
+    keys_[i] = key;
+    vals_[i] = val;
+    ++size_;
+  }
+  void erase(uint64_t key) {
+    size_t i = slot(key);
+    while (keys_[i] != key) i = (i + 1) & mask_;
+    // Backward shift: later entries of the probe run move into the hole
+    // unless their home lies cyclically in (hole, entry].
+    for (size_t j = (i + 1) & mask_; keys_[j] != kEmpty; j = (j + 1) & mask_) {
+      const size_t home = slot(keys_[j]);
+      const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+      if (!stays) {
+        keys_[i] = keys_[j];
+        vals_[i] = vals_[j];
+        i = j;
+      }
+    }
+    keys_[i] = kEmpty;
+    --size_;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t slot(uint64_t key) const {
+    const uint64_t h = key * 0x9e3779b97f4a7c15ULL;
+    return static_cast<size_t>(h ^ (h >> 29)) & mask_;
+  }
+  void resize(size_t n) {
+    std::vector<uint64_t> keys = std::move(keys_);
+    std::vector<uint32_t> vals = std::move(vals_);
+    keys_.assign(n, kEmpty);
+    vals_.assign(n, 0);
+    mask_ = n - 1;
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != kEmpty) insert(keys[i], vals[i]);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> vals_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+// A shared resource: its capacity and the flows on it, as a list threaded
+// through the flows (Flow::next / prev), so that pricing a flow reads one
+// line per resource and nothing behind it.
+struct Resource {
+  double cap = 0;  // bytes per us
+  uint32_t head = kNone;
+  uint32_t count = 0;
+  bool dirty = false;
+};
+
+// A message moving its bytes.
+struct Flow {
+  uint32_t pair = 0;
+  uint32_t ver = 0;      // its pending event's (stale ones are skipped)
+  uint8_t nres = 0;
+  int8_t limiter = -1;   // index into res, or -1: the path itself
+  bool dirty = false;
+  // Alone on every resource when last priced: no event at its bytes' end
+  // (nothing else would change then), only its arrival. It stays on its
+  // resources until then, or until a newcomer finds its bytes done.
+  bool lazy = false;
+  bool linked = false;   // on its resources' lists
+  std::array<uint32_t, kMaxRoute> res{};
+  std::array<uint32_t, kMaxRoute> next{}, prev{};
+  double remaining = 0, rate = 0, path_rate = 0, last = 0, since = 0, alpha = 0;
+  double end = 0;        // when its bytes are done at the current rate
+  MsgRef msg;
+  Chain chain;           // up to `since`
+};
+
+enum class EvType : uint8_t { kPost, kFlowEnd, kArrive, kInject };
+struct Event {
+  double t;
+  uint32_t id;
+  uint32_t tagged;  // the type in the top 2 bits, a flow's version below
+  EvType type() const { return static_cast<EvType>(tagged >> 30); }
+  uint32_t ver() const { return tagged & kVerMask; }
+  static constexpr uint32_t kVerMask = (1u << 30) - 1;
+};
+
+// The pending events by time: a radix heap (Ahuja, Mehlhorn, Orlin, Tarjan),
+// which a discrete-event simulation may use since no event is ever due
+// before the last one taken. Times are non-negative doubles, ordered as
+// their bit patterns. A push is an append; a take moves each event down a
+// bucket at most 64 times in all, with no comparisons to mispredict (a
+// binary heap's sifting was a third of the run time at 1024 ranks).
+// Looking at the earliest event (top) moves the heap's base up to it; an
+// event pushed after that below the base (the rates of this instant, due
+// before the next event) waits in a small binary heap taken first.
+class EventQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  void push(const Event& e) {
+    const uint64_t k = key(e.t);
+    if (k < last_) low_.push(Item{k, e});
+    else buckets_[bucket(k)].push_back({k, e});
+    ++size_;
+  }
+  // The earliest event (empty() must be false).
+  const Event& top() {
+    if (!low_.empty()) return low_.top().e;
+    if (buckets_[0].empty()) refill();
+    return buckets_[0].back().e;
+  }
+  void pop() {
+    --size_;
+    if (!low_.empty()) return low_.pop();
+    if (buckets_[0].empty()) refill();
+    buckets_[0].pop_back();
+  }
+
+ private:
+  struct Item {
+    uint64_t k;
+    Event e;
+    bool operator>(const Item& o) const { return k > o.k; }
+  };
+  static uint64_t key(double t) {
+    uint64_t k;
+    std::memcpy(&k, &t, sizeof k);
+    return k;
+  }
+  size_t bucket(uint64_t k) const { return k == last_ ? 0 : 64 - static_cast<size_t>(__builtin_clzll(k ^ last_)); }
+  void refill() {
+    size_t i = 1;
+    while (buckets_[i].empty()) ++i;
+    uint64_t m = UINT64_MAX;
+    for (const Item& it : buckets_[i]) m = std::min(m, it.k);
+    last_ = m;
+    for (const Item& it : buckets_[i]) buckets_[bucket(it.k)].push_back(it);
+    buckets_[i].clear();
+  }
+  std::array<std::vector<Item>, 65> buckets_;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> low_;
+  uint64_t last_ = 0;
+  size_t size_ = 0;
+};
+
+struct RankState {
+  uint32_t run = 0, rep = 0;  // position in the store's runs
+  uint64_t phase = 0;
+  uint32_t pending = 0;       // transfers of the phase not done
+  double ready = 0;           // when the phase's finished work is all done
+  bool done = false;
+  double finish = 0;
+  Chain ready_chain, post_chain;
+  // Message slots (Fabric::gap_us): the next free one, what led to it, and
+  // the pairs waiting for one.
+  static constexpr size_t kPairCache = 4;
+  std::array<uint32_t, kPairCache> pair_cache{kNone, kNone, kNone, kNone};
+  struct Waiting {
+    uint32_t pair;
+    double since;  // ready to start from
+    Chain chain;   // what led to that
+  };
+  double inject_free = 0;
+  Chain inject_chain;
+  bool inject_event = false;
+  Fifo<Waiting> inject_wait;
+};
+
+class Engine {
+ public:
+  Engine(const ScheduleStore& store, const Fabric& fab, const SimOptions& opt)
+      : store_(store), fab_(fab), opt_(opt), n_(store.nranks()), timed_(!opt.structure_only), ranks_(static_cast<size_t>(n_)) {
+    if (timed_) {
+      res_.resize(fab.capacity_GBps.size());
+      for (size_t i = 0; i < res_.size(); ++i) res_[i].cap = fab.capacity_GBps[i] * 1e3;
+      copy_us_per_elem_ = 2.0 / 3.0 * fab.gamma_us_per_byte * static_cast<double>(opt.elem_bytes);
+      reduce_us_per_elem_ = fab.gamma_us_per_byte * static_cast<double>(opt.elem_bytes);
+      gap_ = fab.gap_us;
+    }
+    total_msgs_ = store.transfers() / 2;
+    sweep_at_ = std::max<size_t>(size_t{1} << 20, 8 * static_cast<size_t>(n_));
+  }
+
+  Result<SimResult> run() {
+    for (int r = 0; r < n_; ++r) start_phase(r, 0.0, Chain{});
+    while (error_.is_ok()) {
+      Event e;
+      if (!now_posts_.empty()) {  // posts due now (all of them in --check)
+        e = Event{now_, now_posts_.front(), static_cast<uint32_t>(EvType::kPost) << 30};
+        now_posts_.pop_front();
+      } else {
+        if (heap_.empty()) break;
+        e = heap_.top();
+        heap_.pop();
+      }
+      now_ = e.t;
+      ++events_;
+      if ((events_ & ((1u << 20) - 1)) == 0 && opt_.progress) opt_.progress(now_, msgs_done_, total_msgs_);
+      switch (e.type()) {
+        case EvType::kPost: on_post(static_cast<int>(e.id)); break;
+        case EvType::kFlowEnd: on_flow_end(e.id, e.ver()); break;
+        case EvType::kArrive: on_arrive(e.id, e.ver()); break;
+        case EvType::kInject: on_inject(static_cast<int>(e.id)); break;
+      }
+      if (timed_ && now_posts_.empty() && (heap_.empty() || heap_.top().t > now_)) flush_rates();
+    }
+    if (!error_.is_ok()) return error_;
+    LOOM_RETURN_IF_ERROR(final_check());
+    SimResult out;
+    out.messages = msgs_done_;
+    out.events = events_;
+    out.finish_us.resize(static_cast<size_t>(n_));
+    for (int r = 0; r < n_; ++r) {
+      const RankState& rs = ranks_[static_cast<size_t>(r)];
+      out.finish_us[static_cast<size_t>(r)] = rs.finish;
+      if (out.slowest_rank < 0 || rs.finish > out.time_us) {
+        out.time_us = rs.finish;
+        out.slowest_rank = r;
+      }
+    }
+    if (out.slowest_rank >= 0 && timed_) {
+      const Chain& c = ranks_[static_cast<size_t>(out.slowest_rank)].ready_chain;
+      out.path_us = c.t;
+      size_t k = 0;
+      for (size_t i = 1; i < c.t.size(); ++i)
+        if (c.t[i] > c.t[k]) k = i;
+      out.critical = static_cast<Limit>(k);
+      out.critical_text = describe_limit(out.critical, c.top[k]);
+    }
+    return out;
+  }
+
+ private:
+  std::string describe_limit(Limit l, uint32_t what) const {
+    if (l == Limit::kPath)
+      return fmt::format("path bandwidth ({} -> {})", what / static_cast<uint32_t>(n_), what % static_cast<uint32_t>(n_));
+    if (l == Limit::kSendPort || l == Limit::kRecvPort || l == Limit::kLink || l == Limit::kNicOut || l == Limit::kNicIn) {
+      if (fab_.name) return fab_.name(what);
+    }
+    return limit_name(l);
+  }
+
+  // ---- events
+  void push(double t, EvType type, uint32_t id, uint32_t ver = 0) {
+    // A post due now skips the heap: most phases start the moment their
+    // last message arrives.
+    if (type == EvType::kPost && (!timed_ || t == now_)) now_posts_.push_back(id);
+    else heap_.push(Event{t, id, (static_cast<uint32_t>(type) << 30) | (ver & Event::kVerMask)});
+  }
+
+  const PhaseShape& current(const RankState& rs, int r) const { return store_.shape(store_.runs(r)[rs.run].shape); }
+
+  // The rank's next phase: its local steps from t, its transfers after them.
+  void start_phase(int r, double t, const Chain& c) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    if (rs.run >= store_.runs(r).size()) {
+      rs.done = true;
+      rs.finish = t;
+      if (timed_) rs.ready_chain = c;
+      return;
+    }
+    const PhaseShape& p = current(rs, r);
+    double local = 0;
+    if (timed_) {
+      rs.post_chain = c;
+      local = static_cast<double>(p.copy_elems) * copy_us_per_elem_ + static_cast<double>(p.reduce_elems) * reduce_us_per_elem_;
+      if (local > 0) rs.post_chain.add(Limit::kLocal, local);
+    }
+    push(t + local, EvType::kPost, static_cast<uint32_t>(r));
+  }
+
+  void phase_done(int r) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    const auto runs = store_.runs(r);
+    if (++rs.rep == runs[rs.run].reps) {
+      rs.rep = 0;
+      ++rs.run;
+    }
+    ++rs.phase;
+    start_phase(r, rs.ready, rs.ready_chain);
+  }
+
+  void step_done(int r, double t, const Chain& c) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    if (t > rs.ready) {
+      rs.ready = t;
+      if (timed_) rs.ready_chain = c;
+    }
+    if (--rs.pending == 0) phase_done(r);
+  }
+
+  void on_post(int r) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    const PhaseShape& p = current(rs, r);
+    const uint64_t phase = rs.phase;
+    rs.pending = p.ncomm;
+    rs.ready = now_;
+    rs.inject_free = now_;  // the gap spaces a phase's own messages (below), not phases
+    if (timed_) rs.ready_chain = rs.post_chain;
+    if (timed_ && p.overlap_elems) {
+      const double t = static_cast<double>(p.overlap_elems) * copy_us_per_elem_;
+      rs.ready += t;
+      rs.ready_chain.add(Limit::kLocal, t);
+    }
+    if (p.ncomm == 0) return phase_done(r);
+    const auto steps = store_.steps(p);
+    for (uint32_t i = 0; i < steps.size() && error_.is_ok(); ++i) {
+      const StepLite& s = steps[i];
+      if (!is_comm_step(s.kind)) continue;
+      const int peer = store_.peer(r, s);
+      if (peer < 0) {
+        error_ = step_error(r, phase, i, [&](const Step& st) { return check_peer(r, phase, st, n_); });
+        return;
+      }
+      const MsgRef m{phase, s.count, i, s.kind, s.flags};
+      if (s.kind == StepKind::kSend) {
+        const uint32_t pid = pair_of(r, peer, r);
+        pairs_[pid].sends.push(m);
+        try_start(pid, rs.post_chain);
+      } else {
+        post_recv(pair_of(peer, r, r), m);
+      }
+    }
+  }
+
+  // ---- pairs and messages
+  uint64_t key_of(int src, int dst) const {
+    return static_cast<uint64_t>(src) * static_cast<uint64_t>(n_) + static_cast<uint64_t>(dst);
+  }
+  // The pair (src, dst), seen from rank `me` (one of the two): a few pairs
+  // per rank are remembered (a ring's two, a tree's few) before the index.
+  uint32_t pair_of(int src, int dst, int me) {
+    const uint64_t key = key_of(src, dst);
+    RankState& rs = ranks_[static_cast<size_t>(me)];
+    const size_t slot = static_cast<size_t>(key % RankState::kPairCache);
+    const uint32_t cached = rs.pair_cache[slot];
+    if (cached != kNone && pairs_[cached].src == src && pairs_[cached].dst == dst) return cached;
+    const uint32_t pid = pair_index(src, dst, key);
+    rs.pair_cache[slot] = pid;
+    return pid;
+  }
+  uint32_t pair_index(int src, int dst, uint64_t key) {
+    if (const uint32_t* v = index_.find(key)) return *v;
+    if (index_.size() >= sweep_at_) sweep_pairs();
+    uint32_t id;
+    if (!free_pairs_.empty()) {
+      id = free_pairs_.back();
+      free_pairs_.pop_back();
+    } else {
+      id = static_cast<uint32_t>(pairs_.size());
+      pairs_.emplace_back();
+    }
+    Pair& p = pairs_[id];
+    p.src = src;
+    p.dst = dst;
+    if (timed_) {
+      const topo::LinkCost l = fab_.link(src, dst);
+      p.alpha = l.alpha_us;
+      p.path_rate = l.beta_us_per_byte > 0 ? 1.0 / l.beta_us_per_byte : std::numeric_limits<double>::infinity();
+      route_.clear();
+      fab_.route(src, dst, route_);
+      p.nroute = 0;
+      for (uint32_t rid : route_)
+        if (p.nroute < kMaxRoute && std::isfinite(res_[rid].cap)) p.route[p.nroute++] = rid;  // else no constraint
+    }
+    index_.insert(key, id);
+    return id;
+  }
+  // Pairs stay while idle (a ring uses the same two again and again); when
+  // there are many, the idle ones go, so that algorithms that meet every
+  // peer in turn (pairwise) hold only the pairs in use at one time.
+  void sweep_pairs() {
+    for (uint32_t pid = 0; pid < pairs_.size(); ++pid) {
+      Pair& p = pairs_[pid];
+      if (p.src < 0 || !p.idle()) continue;
+      index_.erase(key_of(p.src, p.dst));
+      p.src = p.dst = -1;
+      free_pairs_.push_back(pid);
+    }
+    sweep_at_ = std::max(sweep_at_, 2 * index_.size());
+  }
+
+  // Starts the pair's next messages while the pair is free: each message
+  // waits for the one before it, a large one for its receive, and each for
+  // a message slot of its sender. `why` is what led to now.
+  void try_start(uint32_t pid, const Chain& why_in) {
+    // A copy: a step done below may start the rank's next phase, which
+    // rewrites the chain `why_in` may be.
+    Chain copy;
+    if (timed_) copy = why_in;
+    const Chain& why = timed_ ? copy : why_in;
+    for (;;) {
+      if (!error_.is_ok()) return;
+      Pair& p = pairs_[pid];
+      if (p.busy || p.injecting || p.sends.empty()) break;
+      const uint64_t bytes = p.sends.front().count * opt_.elem_bytes;
+      if (timed_ && bytes > opt_.eager_bytes && p.recvs.empty()) break;  // rendezvous
+      if (!timed_ || bytes == 0) {  // no cost: there at once (the executor skips empty transfers)
+        const MsgRef m = p.sends.pop();
+        ++msgs_done_;
+        step_done(p.src, now_, why);
+        land(pid, m, why);
+        continue;
+      }
+      RankState& rs = ranks_[static_cast<size_t>(p.src)];
+      if (gap_ > 0 && (rs.inject_free > now_ || !rs.inject_wait.empty())) {
+        p.injecting = true;
+        rs.inject_wait.push(RankState::Waiting{pid, now_, why});
+        if (!rs.inject_event) {
+          rs.inject_event = true;
+          push(std::max(rs.inject_free, now_), EvType::kInject, static_cast<uint32_t>(p.src));
+        }
+        break;
+      }
+      start_flow(pid, why);
+    }
+  }
+
+  void on_inject(int r) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    rs.inject_event = false;
+    if (rs.inject_wait.empty()) return;
+    const RankState::Waiting w = rs.inject_wait.pop();
+    pairs_[w.pair].injecting = false;
+    // It starts now, at the later of its slot and its own readiness.
+    start_flow(w.pair, rs.inject_free >= w.since ? rs.inject_chain : w.chain);
+    if (!rs.inject_wait.empty()) {
+      rs.inject_event = true;
+      push(rs.inject_free, EvType::kInject, static_cast<uint32_t>(r));
+    }
+  }
+
+  void post_recv(uint32_t pid, const MsgRef& m) {
+    Pair& p = pairs_[pid];
+    const RankState& rs = ranks_[static_cast<size_t>(p.dst)];
+    if (!p.landed.empty()) {
+      const Landed l = p.landed.pop();
+      match(pid, m, l.msg, rs.post_chain);  // it was there first: the receive came last
+      return;
+    }
+    p.recvs.push(m);
+    try_start(pid, rs.post_chain);
+  }
+
+  // A message arrives at its receiver now; `why` led to its arrival.
+  void land(uint32_t pid, const MsgRef& sent, const Chain& why) {
+    Pair& p = pairs_[pid];
+    if (p.recvs.empty()) {
+      p.landed.push(Landed{sent, why});
+      return;
+    }
+    const MsgRef recv = p.recvs.pop();
+    match(pid, recv, sent, why);
+  }
+
+  void match(uint32_t pid, const MsgRef& recv, const MsgRef& sent, const Chain& why) {
+    const Pair& p = pairs_[pid];
+    const int src = p.src, dst = p.dst;
+    const bool reduces = recv.kind == StepKind::kRecvReduce;
+    const bool ok = recv.count == sent.count &&
+                    (recv.count == 0 || (((sent.flags & kPeerReduces) != 0) == reduces &&
+                                         ((sent.flags & kAnnounced) != 0) == ((recv.flags & kAnnounced) != 0)));
+    if (!ok) {
+      const MessageTag tag{sent.count, sent.phase, (sent.flags & kPeerReduces) != 0, (sent.flags & kAnnounced) != 0};
+      error_ = step_error(dst, recv.phase, recv.step, [&](const Step& st) {
+        Status s = check_receive(dst, recv.phase, st, tag);
+        return s.is_ok() ? internal_error(fmt::format("rank {} phase {}: a receive from rank {} does not match its message",
+                                                      dst, recv.phase, src))
+                         : s;
+      });
+      return;
+    }
+    if (timed_ && reduces && recv.count) {
+      const double red = static_cast<double>(recv.count) * reduce_us_per_elem_;
+      Chain c = why;
+      c.add(Limit::kLocal, red);
+      step_done(dst, now_ + red, c);
+      return;
+    }
+    step_done(dst, now_, why);
+  }
+
+  // ---- flows (timed only)
+  void start_flow(uint32_t pid, const Chain& why) {
+    Pair& p = pairs_[pid];
+    const MsgRef m = p.sends.pop();
+    p.busy = true;
+    uint32_t fid;
+    if (!free_flows_.empty()) {
+      fid = free_flows_.back();
+      free_flows_.pop_back();
+    } else {
+      fid = static_cast<uint32_t>(flows_.size());
+      flows_.emplace_back();
+    }
+    Flow& f = flows_[fid];
+    f.pair = pid;
+    f.msg = m;
+    f.chain = why;
+    f.remaining = static_cast<double>(m.count * opt_.elem_bytes);
+    f.rate = 0;
+    f.path_rate = p.path_rate;
+    f.alpha = p.alpha;
+    f.last = f.since = now_;
+    f.limiter = -1;
+    f.lazy = false;
+    RankState& rs = ranks_[static_cast<size_t>(p.src)];
+    // The gap spaces the messages of one phase: only a phase of several
+    // sends needs its next slot's chain. After f.chain: `why` may be
+    // rs.inject_chain itself.
+    if (gap_ > 0 && current(rs, p.src).nsends > 1) {
+      rs.inject_free = now_ + gap_;
+      rs.inject_chain = f.chain;
+      rs.inject_chain.add(Limit::kOverhead, gap_);
+    }
+    f.nres = p.nroute;
+    std::copy(p.route.begin(), p.route.begin() + p.nroute, f.res.begin());
+    link(fid);
+    if (!f.dirty) {  // priced at the end of this instant, with whoever else starts now
+      f.dirty = true;
+      dirty_flows_.push_back(fid);
+    }
+  }
+
+  static uint8_t slot_of(const Flow& f, uint32_t rid) {
+    uint8_t k = 0;
+    while (f.res[k] != rid) ++k;
+    return k;
+  }
+  void link(uint32_t fid) {
+    Flow& f = flows_[fid];
+    for (uint8_t k = 0; k < f.nres; ++k) {
+      Resource& res = res_[f.res[k]];
+      f.prev[k] = kNone;
+      f.next[k] = res.head;
+      if (res.head != kNone) flows_[res.head].prev[slot_of(flows_[res.head], f.res[k])] = fid;
+      res.head = fid;
+      ++res.count;
+      mark(f.res[k]);
+    }
+    f.linked = true;
+  }
+  void unlink(uint32_t fid) {
+    Flow& f = flows_[fid];
+    for (uint8_t k = 0; k < f.nres; ++k) {
+      const uint32_t rid = f.res[k];
+      Resource& res = res_[rid];
+      if (f.prev[k] != kNone) flows_[f.prev[k]].next[slot_of(flows_[f.prev[k]], rid)] = f.next[k];
+      else res.head = f.next[k];
+      if (f.next[k] != kNone) flows_[f.next[k]].prev[slot_of(flows_[f.next[k]], rid)] = f.prev[k];
+      --res.count;
+      mark(rid);
+    }
+    f.linked = false;
+  }
+
+  void mark(uint32_t rid) {
+    Resource& res = res_[rid];
+    if (res.dirty) return;
+    res.dirty = true;
+    dirty_res_.push_back(rid);
+  }
+
+  // Every flow on a resource whose set of flows changed gets its share again,
+  // once per instant: a phase that posts many transfers at once costs one
+  // pass over each resource's flows, not one per transfer. A lazy flow whose
+  // bytes are done leaves its resources first (it only waits out its alpha).
+  void flush_rates() {
+    for (size_t i = 0; i < dirty_res_.size(); ++i) {  // unlink may mark more
+      const uint32_t rid = dirty_res_[i];
+      for (uint32_t fid = res_[rid].head; fid != kNone;) {
+        Flow& f = flows_[fid];
+        const uint32_t nextf = f.next[slot_of(f, rid)];
+        if (f.lazy && f.end <= now_) {
+          unlink(fid);
+        } else if (!f.dirty) {
+          f.dirty = true;
+          dirty_flows_.push_back(fid);
+        }
+        fid = nextf;
+      }
+    }
+    for (uint32_t rid : dirty_res_) res_[rid].dirty = false;
+    dirty_res_.clear();
+    for (size_t i = 0; i < dirty_flows_.size(); ++i) {
+      const uint32_t fid = dirty_flows_[i];
+      flows_[fid].dirty = false;
+      if (flows_[fid].linked) update_rate(fid);
+    }
+    dirty_flows_.clear();
+  }
+
+  // The time since `since` (up to `until`) joins the flow's chain, as what
+  // held it back.
+  void account(Flow& f, double until) {
+    const double dt = until - f.since;
+    f.since = until;
+    if (dt <= 0) return;
+    if (f.limiter >= 0) {
+      const uint32_t rid = f.res[static_cast<size_t>(f.limiter)];
+      f.chain.add(fab_.kind[rid], dt, rid);
+    } else {
+      const Pair& p = pairs_[f.pair];
+      f.chain.add(Limit::kPath, dt, static_cast<uint32_t>(key_of(p.src, p.dst)));
+    }
+  }
+
+  void update_rate(uint32_t fid) {
+    Flow& f = flows_[fid];
+    if (now_ > f.last) f.remaining = std::max(0.0, f.remaining - f.rate * (now_ - f.last));
+    f.last = now_;
+    double rate = f.path_rate;
+    int8_t lim = -1;
+    bool shared = false;
+    for (uint8_t k = 0; k < f.nres; ++k) {
+      const Resource& res = res_[f.res[k]];
+      shared = shared || res.count > 1;
+      const double share = res.cap / static_cast<double>(res.count);
+      if (share < rate) {
+        rate = share;
+        lim = static_cast<int8_t>(k);
+      }
+    }
+    if (rate == f.rate && shared == !f.lazy) {  // its events stand
+      if (lim != f.limiter) {
+        account(f, now_);
+        f.limiter = lim;
+      }
+      return;
+    }
+    account(f, now_);
+    f.rate = rate;
+    f.limiter = lim;
+    f.lazy = !shared;
+    f.end = now_ + (std::isinf(rate) ? 0.0 : f.remaining / rate);
+    ++f.ver;
+    if (f.lazy) push(f.end + f.alpha, EvType::kArrive, fid, f.ver);
+    else push(f.end, EvType::kFlowEnd, fid, f.ver);
+  }
+
+  void on_flow_end(uint32_t fid, uint32_t ver) {
+    Flow& f = flows_[fid];
+    if (ver != (f.ver & Event::kVerMask)) return;  // its rate changed since: a later event stands
+    account(f, now_);
+    f.remaining = 0;
+    unlink(fid);
+    ++f.ver;
+    push(now_ + f.alpha, EvType::kArrive, fid, f.ver);
+  }
+
+  void on_arrive(uint32_t fid, uint32_t ver) {
+    Flow& f = flows_[fid];
+    if (ver != (f.ver & Event::kVerMask)) return;  // a lazy flow priced again since
+    if (f.linked) unlink(fid);  // lazy: still on its resources
+    account(f, now_ - f.alpha);
+    f.chain.add(Limit::kLatency, f.alpha);
+    ++f.ver;
+    const uint32_t pid = f.pair;
+    const MsgRef m = f.msg;
+    const Chain why = f.chain;
+    free_flows_.push_back(fid);
+    Pair& p = pairs_[pid];
+    p.busy = false;
+    ++msgs_done_;
+    step_done(p.src, now_, why);
+    land(pid, m, why);
+    try_start(pid, why);
+  }
+
+  // ---- errors
+  // The rank's full schedule for an error message, when the caller can give it.
+  const Step* real_step(int r, uint64_t phase, uint32_t step) {
+    if (!opt_.schedule_of) return nullptr;
+    if (cached_rank_ != r) {
+      auto s = opt_.schedule_of(r);
+      if (!s.is_ok()) return nullptr;
+      cached_ = std::move(*s);
+      cached_rank_ = r;
+    }
+    if (phase >= cached_.phases.size() || step >= cached_.phases[phase].steps.size()) return nullptr;
+    return &cached_.phases[phase].steps[step];
+  }
+  // The step as the store has it (no buffers).
+  Step lite_step(int r, uint64_t phase, uint32_t step) const {
+    const auto runs = store_.runs(r);
+    uint64_t left = phase;
+    size_t k = 0;
+    while (k < runs.size() && left >= runs[k].reps) left -= runs[k++].reps;
+    Step st;
+    if (k == runs.size()) return st;
+    const StepLite& l = store_.steps(store_.shape(runs[k].shape))[step];
+    st.kind = l.kind;
+    st.count = l.count;
+    st.peer = store_.peer(r, l);
+    st.peer_reduces = l.flags & kPeerReduces;
+    st.announced = l.flags & kAnnounced;
+    st.overlap = l.flags & kOverlap;
+    return st;
+  }
+  std::string describe_step(int r, uint64_t phase, uint32_t step) {
+    if (const Step* s = real_step(r, phase, step)) return describe(*s);
+    const Step s = lite_step(r, phase, step);
+    switch (s.kind) {
+      case StepKind::kSend: return fmt::format("send {} to rank {}", s.count, s.peer);
+      case StepKind::kRecv: return fmt::format("recv {} from rank {}", s.count, s.peer);
+      case StepKind::kRecvReduce: return fmt::format("recv_reduce {} from rank {}", s.count, s.peer);
+      default: return describe(s);
+    }
+  }
+  template <class F>
+  Status step_error(int r, uint64_t phase, uint32_t step, F&& check_fn) {
+    if (const Step* s = real_step(r, phase, step)) return check_fn(*s);
+    return check_fn(lite_step(r, phase, step));
+  }
+
+  // The first unfinished transfer of a blocked rank, and the peer it waits on.
+  std::optional<std::pair<uint32_t, int>> waiting_on(int r) const {
+    const RankState& rs = ranks_[static_cast<size_t>(r)];
+    const auto steps = store_.steps(current(rs, r));
+    auto queued = [&](const Fifo<MsgRef>& q, uint32_t i) {
+      for (size_t k = q.head; k < q.v.size(); ++k)
+        if (q.v[k].phase == rs.phase && q.v[k].step == i) return true;
+      return false;
+    };
+    for (uint32_t i = 0; i < steps.size(); ++i) {
+      const StepLite& s = steps[i];
+      if (!is_comm_step(s.kind)) continue;
+      const int peer = store_.peer(r, s);
+      const bool send = s.kind == StepKind::kSend;
+      const uint32_t* pid = index_.find(send ? key_of(r, peer) : key_of(peer, r));
+      if (pid && queued(send ? pairs_[*pid].sends : pairs_[*pid].recvs, i)) return std::make_pair(i, peer);
+    }
+    return std::nullopt;
+  }
+
+  Status final_check() {
+    std::vector<int> blocked;
+    for (int r = 0; r < n_; ++r)
+      if (!ranks_[static_cast<size_t>(r)].done) blocked.push_back(r);
+    if (!blocked.empty()) {
+      // Follow "waits on" from the first blocked rank: to a rank that has
+      // finished (nothing more will come from it), or round a cycle.
+      std::vector<int> chain;
+      std::map<int, size_t> seen;
+      std::vector<std::string> what;
+      int r = blocked.front();
+      std::string tail;
+      for (;;) {
+        if (ranks_[static_cast<size_t>(r)].done) {
+          tail = fmt::format("; rank {} has finished", r);
+          break;
+        }
+        if (auto it = seen.find(r); it != seen.end()) {
+          std::string cyc;
+          for (size_t k = it->second; k < chain.size(); ++k) cyc += fmt::format("{} -> ", chain[k]);
+          tail = fmt::format(": a cycle ({}{})", cyc, r);
+          break;
+        }
+        if (what.size() == 8) {
+          tail = ", ...";
+          break;
+        }
+        auto w = waiting_on(r);
+        if (!w) {
+          tail = fmt::format("; rank {} phase {} waits on nothing the simulator can name", r,
+                             ranks_[static_cast<size_t>(r)].phase);
+          break;
+        }
+        seen[r] = chain.size();
+        chain.push_back(r);
+        const uint64_t phase = ranks_[static_cast<size_t>(r)].phase;
+        const bool send = store_.steps(current(ranks_[static_cast<size_t>(r)], r))[w->first].kind == StepKind::kSend;
+        what.push_back(fmt::format("rank {} phase {} waits on '{}'{}", r, phase, describe_step(r, phase, w->first),
+                                   send ? " (over the eager limit: it waits for its receive)" : ""));
+        r = w->second;
+      }
+      std::string msg = fmt::format("deadlock: {} rank(s) blocked; ", blocked.size());
+      for (size_t k = 0; k < what.size(); ++k) msg += (k ? ", " : "") + what[k];
+      return internal_error(msg + tail);
+    }
+    // Every rank finished: a message still queued was never received.
+    std::optional<std::pair<uint64_t, uint32_t>> first;  // (key, pair)
+    for (size_t pid = 0; pid < pairs_.size(); ++pid) {
+      const Pair& p = pairs_[pid];
+      if (p.src < 0 || (p.sends.empty() && p.landed.empty())) continue;
+      const uint64_t key = key_of(p.src, p.dst);
+      if (!first || key < first->first) first = std::make_pair(key, static_cast<uint32_t>(pid));
+    }
+    if (first) {
+      const Pair& p = pairs_[first->second];
+      const MsgRef& m = p.landed.empty() ? p.sends.front() : p.landed.front().msg;
+      return internal_error(fmt::format("rank {} phase {}: '{}' was never received ({} message(s) from rank {} to rank {})",
+                                        p.src, m.phase, describe_step(p.src, m.phase, m.step),
+                                        p.sends.size() + p.landed.size(), p.src, p.dst));
+    }
+    return Status::ok();
+  }
+
+  const ScheduleStore& store_;
+  const Fabric& fab_;
+  const SimOptions& opt_;
+  const int n_;
+  const bool timed_;
+  double copy_us_per_elem_ = 0, reduce_us_per_elem_ = 0, gap_ = 0;
+  std::vector<RankState> ranks_;
+  std::deque<Pair> pairs_;  // stable addresses while new pairs are added
+  std::vector<uint32_t> free_pairs_;
+  PairIndex index_;
+  size_t sweep_at_ = 0;
+  std::vector<Resource> res_;
+  std::vector<Flow> flows_;
+  std::vector<uint32_t> free_flows_, dirty_res_, dirty_flows_, route_;
+  EventQueue heap_;
+  std::deque<uint32_t> now_posts_;
+  double now_ = 0;
+  uint64_t events_ = 0, msgs_done_ = 0, total_msgs_ = 0;
+  Status error_ = Status::ok();
+  int cached_rank_ = -1;
+  RankSchedule cached_;
+};
+
+}  // namespace
+
+Result<SimResult> simulate(const ScheduleStore& store, const Fabric& fabric, const SimOptions& options) {
+  if (store.ranks_added() != store.nranks())
+    return invalid_argument(fmt::format("simulate: {} of {} ranks' schedules given", store.ranks_added(), store.nranks()));
+  if (!options.structure_only) {
+    if (fabric.nranks != store.nranks() || !fabric.link || !fabric.route || fabric.kind.size() != fabric.capacity_GBps.size())
+      return invalid_argument("simulate: the fabric does not describe these ranks");
+  }
+  Engine e(store, fabric, options);
+  return e.run();
+}
+
+Status check(const ScheduleStore& store, SimOptions options) {
+  options.structure_only = true;
+  Fabric none;
+  none.nranks = store.nranks();
+  auto r = simulate(store, none, options);
+  return r.is_ok() ? Status::ok() : r.status();
+}
+
+}  // namespace loom::sim
