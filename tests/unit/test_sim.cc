@@ -192,7 +192,7 @@ TEST(SimTiming, AFlowSpeedsUpWhenItsNeighbourEnds) {
   EXPECT_NEAR(sim_time(s, t.fabric()), 1.0 + 4.0 * m / 25e3, 1e-6);
 }
 
-TEST(SimTiming, MessagesToOnePeerGoOneAtATimeAndAPhaseGapSpacesThem) {
+TEST(SimTiming, MessagesToOnePeerGoOneAtATimeAndAPhasesExtraMessagesPayTheGap) {
   const Toy t = flat(4, 2.0, 10.0);
   const size_t b = 10000;  // 1 us at 10 GB/s
   // Two messages 0 -> 1 in one phase: one after the other (alpha each).
@@ -201,13 +201,18 @@ TEST(SimTiming, MessagesToOnePeerGoOneAtATimeAndAPhaseGapSpacesThem) {
                                  RankSchedule{}, RankSchedule{}};
   EXPECT_NEAR(sim_time(s, t.fabric()), 2 * (2.0 + 1.0), 1e-9);
   // One message to each of three peers: together, the sender's port
-  // shared three ways; with a gap g each starts g after the one before.
+  // shared three ways; with a gap g the k-th pays (k - 1) g more latency
+  // (the cost model's overlap per extra concurrent message).
   s = {phases({{send_step(1, {kBufSend, 0}, b), send_step(2, {kBufSend, 0}, b), send_step(3, {kBufSend, 0}, b)}}),
        phases({{recv_step(0, {kBufRecv, 0}, b)}}), phases({{recv_step(0, {kBufRecv, 0}, b)}}),
        phases({{recv_step(0, {kBufRecv, 0}, b)}})};
   EXPECT_NEAR(sim_time(s, t.fabric()), 2.0 + 3.0, 1e-9);
-  const double g = 100.0;  // far apart: no two overlap
-  EXPECT_NEAR(sim_time(s, t.fabric(0, g)), 2 * g + 2.0 + 1.0, 1e-9);
+  const double g = 100.0;
+  EXPECT_NEAR(sim_time(s, t.fabric(0, g)), 2.0 + 3.0 + 2 * g, 1e-9);
+  // A phase of one send pays none, however close the phases.
+  s = {phases({{send_step(1, {kBufSend, 0}, b)}, {send_step(1, {kBufSend, 0}, b)}}),
+       phases({{recv_step(0, {kBufRecv, 0}, b)}, {recv_step(0, {kBufRecv, 0}, b)}}), RankSchedule{}, RankSchedule{}};
+  EXPECT_NEAR(sim_time(s, t.fabric(0, g)), 2 * (2.0 + 1.0), 1e-9);
 }
 
 TEST(SimTiming, LargeMessagesWaitForTheirReceive) {

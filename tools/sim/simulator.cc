@@ -308,24 +308,74 @@ struct Fifo {
     }
     return x;
   }
+  template <class F>
+  bool any(F&& f) const {
+    for (size_t k = head; k < v.size(); ++k)
+      if (f(v[k])) return true;
+    return false;
+  }
+};
+
+// The same with its front element inline: a pair's queues hold one posted
+// step most of the time, and an all-to-all phase has p^2 pairs at once.
+template <class T>
+struct SmallFifo {
+  T first{};
+  bool has_first = false;
+  std::unique_ptr<Fifo<T>> rest;  // the rest, rarely any
+  bool empty() const { return !has_first; }
+  size_t size() const { return has_first ? 1 + (rest ? rest->size() : 0) : 0; }
+  const T& front() const { return first; }
+  void push(const T& x) {
+    if (!has_first) {
+      first = x;
+      has_first = true;
+      return;
+    }
+    if (!rest) rest = std::make_unique<Fifo<T>>();
+    rest->push(x);
+  }
+  T pop() {
+    T x = std::move(first);
+    has_first = rest && !rest->empty();
+    if (has_first) first = rest->pop();
+    return x;
+  }
+  template <class F>
+  bool any(F&& f) const {
+    return has_first && (f(first) || (rest && rest->any(f)));
+  }
+};
+
+// A FIFO that is usually empty: storage only once used.
+template <class T>
+struct RareFifo {
+  std::unique_ptr<Fifo<T>> q;
+  bool empty() const { return !q || q->empty(); }
+  size_t size() const { return q ? q->size() : 0; }
+  const T& front() const { return q->front(); }
+  void push(const T& x) {
+    if (!q) q = std::make_unique<Fifo<T>>();
+    q->push(x);
+  }
+  T pop() { return q->pop(); }
 };
 
 // Messages from src to dst: posted sends not yet started, posted receives
 // not yet matched, and messages that arrived before their receive.
-constexpr size_t kMaxRoute = 12;
+constexpr size_t kMaxRoute = 8;
 
 struct Pair {
   int src = -1, dst = -1;
   bool busy = false;      // a message is on its way (one at a time)
-  bool injecting = false; // queued for its sender's next message slot
-  Fifo<MsgRef> sends, recvs;
-  Fifo<Landed> landed;
+  SmallFifo<MsgRef> sends, recvs;
+  RareFifo<Landed> landed;  // a message ahead of its receive (eager sends)
   // Its messages' price and path (timed only): alpha, 1 / beta, and the
   // shared resources they use.
   double alpha = 0, path_rate = 0;
   uint8_t nroute = 0;
   std::array<uint32_t, kMaxRoute> route{};
-  bool idle() const { return !busy && !injecting && sends.empty() && recvs.empty() && landed.empty(); }
+  bool idle() const { return !busy && sends.empty() && recvs.empty() && landed.empty(); }
 };
 
 // Open addressing, linear probing, backward-shift deletion: (src, dst) ->
@@ -391,6 +441,10 @@ class PairIndex {
 // A shared resource: its capacity and the flows on it, as a list threaded
 // through the flows (Flow::next / prev), so that pricing a flow reads one
 // line per resource and nothing behind it.
+// The bandwidth kinds of Limit, kPath .. kNicIn, contiguous.
+constexpr size_t kFirstBandwidthLimit = static_cast<size_t>(Limit::kPath);
+constexpr size_t kNumBandwidthLimits = static_cast<size_t>(Limit::kNicIn) - kFirstBandwidthLimit + 1;
+
 struct Resource {
   double cap = 0;  // bytes per us
   uint32_t head = kNone;
@@ -410,15 +464,23 @@ struct Flow {
   // resources until then, or until a newcomer finds its bytes done.
   bool lazy = false;
   bool linked = false;   // on its resources' lists
-  std::array<uint32_t, kMaxRoute> res{};
+  // Its resources are its pair's route; its links in their lists:
   std::array<uint32_t, kMaxRoute> next{}, prev{};
-  double remaining = 0, rate = 0, path_rate = 0, last = 0, since = 0, alpha = 0;
+  double remaining = 0, rate = 0, last = 0, since = 0;
   double end = 0;        // when its bytes are done at the current rate
+  double overhead = 0;   // per-message gaps before it (Fabric::gap_us), on top of alpha
   MsgRef msg;
-  Chain chain;           // up to `since`
+  // Its critical path: the chain it started from (pooled: a phase's flows
+  // share their sender's), plus its own bandwidth-limited time by kind
+  // (kPath .. kNicIn) and its largest single piece.
+  uint32_t start = 0;
+  std::array<double, kNumBandwidthLimits> bw{};
+  uint32_t main_what = 0;
+  float main_dt = 0;
+  Limit main_kind = Limit::kPath;
 };
 
-enum class EvType : uint8_t { kPost, kFlowEnd, kArrive, kInject };
+enum class EvType : uint8_t { kPost, kFlowEnd, kArrive };
 struct Event {
   double t;
   uint32_t id;
@@ -498,15 +560,9 @@ struct RankState {
   // the pairs waiting for one.
   static constexpr size_t kPairCache = 4;
   std::array<uint32_t, kPairCache> pair_cache{kNone, kNone, kNone, kNone};
-  struct Waiting {
-    uint32_t pair;
-    double since;  // ready to start from
-    Chain chain;   // what led to that
-  };
-  double inject_free = 0;
-  Chain inject_chain;
-  bool inject_event = false;
-  Fifo<Waiting> inject_wait;
+  uint32_t started = 0;  // messages this phase has started (Fabric::gap_us)
+  uint32_t pool_id = kNone;  // post_chain pooled for the flows of phase pool_phase
+  uint64_t pool_phase = 0;
 };
 
 class Engine {
@@ -543,7 +599,6 @@ class Engine {
         case EvType::kPost: on_post(static_cast<int>(e.id)); break;
         case EvType::kFlowEnd: on_flow_end(e.id, e.ver()); break;
         case EvType::kArrive: on_arrive(e.id, e.ver()); break;
-        case EvType::kInject: on_inject(static_cast<int>(e.id)); break;
       }
       if (timed_ && now_posts_.empty() && (heap_.empty() || heap_.top().t > now_)) flush_rates();
     }
@@ -638,7 +693,7 @@ class Engine {
     const uint64_t phase = rs.phase;
     rs.pending = p.ncomm;
     rs.ready = now_;
-    rs.inject_free = now_;  // the gap spaces a phase's own messages (below), not phases
+    rs.started = 0;  // the gap counts a phase's own messages (start_flow), not phases
     if (timed_) rs.ready_chain = rs.post_chain;
     if (timed_ && p.overlap_elems) {
       const double t = static_cast<double>(p.overlap_elems) * copy_us_per_elem_;
@@ -659,7 +714,7 @@ class Engine {
       if (s.kind == StepKind::kSend) {
         const uint32_t pid = pair_of(r, peer, r);
         pairs_[pid].sends.push(m);
-        try_start(pid, rs.post_chain);
+        try_start(pid, rs.post_chain, r);
       } else {
         post_recv(pair_of(peer, r, r), m);
       }
@@ -726,7 +781,8 @@ class Engine {
   // Starts the pair's next messages while the pair is free: each message
   // waits for the one before it, a large one for its receive, and each for
   // a message slot of its sender. `why` is what led to now.
-  void try_start(uint32_t pid, const Chain& why_in) {
+  // `why_rank` >= 0: `why_in` is that rank's post_chain, of its phase now.
+  void try_start(uint32_t pid, const Chain& why_in, int why_rank = -1) {
     // A copy: a step done below may start the rank's next phase, which
     // rewrites the chain `why_in` may be.
     Chain copy;
@@ -735,7 +791,7 @@ class Engine {
     for (;;) {
       if (!error_.is_ok()) return;
       Pair& p = pairs_[pid];
-      if (p.busy || p.injecting || p.sends.empty()) break;
+      if (p.busy || p.sends.empty()) break;
       const uint64_t bytes = p.sends.front().count * opt_.elem_bytes;
       if (timed_ && bytes > opt_.eager_bytes && p.recvs.empty()) break;  // rendezvous
       if (!timed_ || bytes == 0) {  // no cost: there at once (the executor skips empty transfers)
@@ -743,33 +799,10 @@ class Engine {
         ++msgs_done_;
         step_done(p.src, now_, why);
         land(pid, m, why);
+        why_rank = -1;  // that rank may be in its next phase now
         continue;
       }
-      RankState& rs = ranks_[static_cast<size_t>(p.src)];
-      if (gap_ > 0 && (rs.inject_free > now_ || !rs.inject_wait.empty())) {
-        p.injecting = true;
-        rs.inject_wait.push(RankState::Waiting{pid, now_, why});
-        if (!rs.inject_event) {
-          rs.inject_event = true;
-          push(std::max(rs.inject_free, now_), EvType::kInject, static_cast<uint32_t>(p.src));
-        }
-        break;
-      }
-      start_flow(pid, why);
-    }
-  }
-
-  void on_inject(int r) {
-    RankState& rs = ranks_[static_cast<size_t>(r)];
-    rs.inject_event = false;
-    if (rs.inject_wait.empty()) return;
-    const RankState::Waiting w = rs.inject_wait.pop();
-    pairs_[w.pair].injecting = false;
-    // It starts now, at the later of its slot and its own readiness.
-    start_flow(w.pair, rs.inject_free >= w.since ? rs.inject_chain : w.chain);
-    if (!rs.inject_wait.empty()) {
-      rs.inject_event = true;
-      push(rs.inject_free, EvType::kInject, static_cast<uint32_t>(r));
+      start_flow(pid, why, why_rank);
     }
   }
 
@@ -782,7 +815,7 @@ class Engine {
       return;
     }
     p.recvs.push(m);
-    try_start(pid, rs.post_chain);
+    try_start(pid, rs.post_chain, p.dst);
   }
 
   // A message arrives at its receiver now; `why` led to its arrival.
@@ -823,8 +856,38 @@ class Engine {
     step_done(dst, now_, why);
   }
 
+  // ---- chains shared by flows
+  uint32_t pool_put(const Chain& c) {
+    uint32_t id;
+    if (!pool_free_.empty()) {
+      id = pool_free_.back();
+      pool_free_.pop_back();
+      pool_[id] = c;
+    } else {
+      id = static_cast<uint32_t>(pool_.size());
+      pool_.push_back(c);
+      pool_refs_.push_back(0);
+    }
+    pool_refs_[id] = 1;
+    return id;
+  }
+  void pool_release(uint32_t id) {
+    if (--pool_refs_[id] == 0) pool_free_.push_back(id);
+  }
+  // The rank's post chain of its phase now, pooled once for all its flows.
+  uint32_t phase_chain(int r) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    if (rs.pool_id == kNone || rs.pool_phase != rs.phase) {
+      if (rs.pool_id != kNone) pool_release(rs.pool_id);
+      rs.pool_id = pool_put(rs.post_chain);
+      rs.pool_phase = rs.phase;
+    }
+    ++pool_refs_[rs.pool_id];
+    return rs.pool_id;
+  }
+
   // ---- flows (timed only)
-  void start_flow(uint32_t pid, const Chain& why) {
+  void start_flow(uint32_t pid, const Chain& why, int why_rank) {
     Pair& p = pairs_[pid];
     const MsgRef m = p.sends.pop();
     p.busy = true;
@@ -839,25 +902,21 @@ class Engine {
     Flow& f = flows_[fid];
     f.pair = pid;
     f.msg = m;
-    f.chain = why;
+    f.start = why_rank >= 0 ? phase_chain(why_rank) : pool_put(why);
+    f.bw.fill(0);
+    f.main_dt = 0;
     f.remaining = static_cast<double>(m.count * opt_.elem_bytes);
     f.rate = 0;
-    f.path_rate = p.path_rate;
-    f.alpha = p.alpha;
     f.last = f.since = now_;
     f.limiter = -1;
     f.lazy = false;
+    // The phase's k-th message pays (k - 1) gaps on top of its alpha: the
+    // per-message work of the sender before it (the cost model's overlap_us
+    // term). As latency, not a later start, so a phase's messages still
+    // share bandwidth from one instant (and get priced together).
     RankState& rs = ranks_[static_cast<size_t>(p.src)];
-    // The gap spaces the messages of one phase: only a phase of several
-    // sends needs its next slot's chain. After f.chain: `why` may be
-    // rs.inject_chain itself.
-    if (gap_ > 0 && current(rs, p.src).nsends > 1) {
-      rs.inject_free = now_ + gap_;
-      rs.inject_chain = f.chain;
-      rs.inject_chain.add(Limit::kOverhead, gap_);
-    }
+    f.overhead = gap_ * rs.started++;
     f.nres = p.nroute;
-    std::copy(p.route.begin(), p.route.begin() + p.nroute, f.res.begin());
     link(fid);
     if (!f.dirty) {  // priced at the end of this instant, with whoever else starts now
       f.dirty = true;
@@ -865,28 +924,32 @@ class Engine {
     }
   }
 
-  static uint8_t slot_of(const Flow& f, uint32_t rid) {
+  const std::array<uint32_t, kMaxRoute>& res_of(const Flow& f) const { return pairs_[f.pair].route; }
+  uint8_t slot_of(const Flow& f, uint32_t rid) const {
+    const auto& res = res_of(f);
     uint8_t k = 0;
-    while (f.res[k] != rid) ++k;
+    while (res[k] != rid) ++k;
     return k;
   }
   void link(uint32_t fid) {
     Flow& f = flows_[fid];
+    const auto& route = res_of(f);
     for (uint8_t k = 0; k < f.nres; ++k) {
-      Resource& res = res_[f.res[k]];
+      Resource& res = res_[route[k]];
       f.prev[k] = kNone;
       f.next[k] = res.head;
-      if (res.head != kNone) flows_[res.head].prev[slot_of(flows_[res.head], f.res[k])] = fid;
+      if (res.head != kNone) flows_[res.head].prev[slot_of(flows_[res.head], route[k])] = fid;
       res.head = fid;
       ++res.count;
-      mark(f.res[k]);
+      mark(route[k]);
     }
     f.linked = true;
   }
   void unlink(uint32_t fid) {
     Flow& f = flows_[fid];
+    const auto& route = res_of(f);
     for (uint8_t k = 0; k < f.nres; ++k) {
-      const uint32_t rid = f.res[k];
+      const uint32_t rid = route[k];
       Resource& res = res_[rid];
       if (f.prev[k] != kNone) flows_[f.prev[k]].next[slot_of(flows_[f.prev[k]], rid)] = f.next[k];
       else res.head = f.next[k];
@@ -911,12 +974,16 @@ class Engine {
   void flush_rates() {
     for (size_t i = 0; i < dirty_res_.size(); ++i) {  // unlink may mark more
       const uint32_t rid = dirty_res_[i];
+      const double share = res_[rid].cap / static_cast<double>(std::max<uint32_t>(res_[rid].count, 1));
       for (uint32_t fid = res_[rid].head; fid != kNone;) {
         Flow& f = flows_[fid];
         const uint32_t nextf = f.next[slot_of(f, rid)];
         if (f.lazy && f.end <= now_) {
           unlink(fid);
-        } else if (!f.dirty) {
+        } else if (!f.dirty && (f.lazy || f.rate > share || (f.limiter >= 0 && res_of(f)[static_cast<size_t>(f.limiter)] == rid))) {
+          // Only these can change: a flow this resource limits, one it
+          // limits now, a lazy one that is no longer alone. The others
+          // keep their rate and their events.
           f.dirty = true;
           dirty_flows_.push_back(fid);
         }
@@ -939,12 +1006,20 @@ class Engine {
     const double dt = until - f.since;
     f.since = until;
     if (dt <= 0) return;
+    Limit kind = Limit::kPath;
+    uint32_t what;
     if (f.limiter >= 0) {
-      const uint32_t rid = f.res[static_cast<size_t>(f.limiter)];
-      f.chain.add(fab_.kind[rid], dt, rid);
+      what = res_of(f)[static_cast<size_t>(f.limiter)];
+      kind = fab_.kind[what];
     } else {
       const Pair& p = pairs_[f.pair];
-      f.chain.add(Limit::kPath, dt, static_cast<uint32_t>(key_of(p.src, p.dst)));
+      what = static_cast<uint32_t>(key_of(p.src, p.dst));
+    }
+    f.bw[static_cast<size_t>(kind) - kFirstBandwidthLimit] += dt;
+    if (dt > f.main_dt) {
+      f.main_dt = static_cast<float>(dt);
+      f.main_what = what;
+      f.main_kind = kind;
     }
   }
 
@@ -952,11 +1027,12 @@ class Engine {
     Flow& f = flows_[fid];
     if (now_ > f.last) f.remaining = std::max(0.0, f.remaining - f.rate * (now_ - f.last));
     f.last = now_;
-    double rate = f.path_rate;
+    const Pair& p = pairs_[f.pair];
+    double rate = p.path_rate;
     int8_t lim = -1;
     bool shared = false;
     for (uint8_t k = 0; k < f.nres; ++k) {
-      const Resource& res = res_[f.res[k]];
+      const Resource& res = res_[p.route[k]];
       shared = shared || res.count > 1;
       const double share = res.cap / static_cast<double>(res.count);
       if (share < rate) {
@@ -977,7 +1053,7 @@ class Engine {
     f.lazy = !shared;
     f.end = now_ + (std::isinf(rate) ? 0.0 : f.remaining / rate);
     ++f.ver;
-    if (f.lazy) push(f.end + f.alpha, EvType::kArrive, fid, f.ver);
+    if (f.lazy) push(f.end + p.alpha + f.overhead, EvType::kArrive, fid, f.ver);
     else push(f.end, EvType::kFlowEnd, fid, f.ver);
   }
 
@@ -988,19 +1064,31 @@ class Engine {
     f.remaining = 0;
     unlink(fid);
     ++f.ver;
-    push(now_ + f.alpha, EvType::kArrive, fid, f.ver);
+    push(now_ + pairs_[f.pair].alpha + f.overhead, EvType::kArrive, fid, f.ver);
   }
 
   void on_arrive(uint32_t fid, uint32_t ver) {
     Flow& f = flows_[fid];
     if (ver != (f.ver & Event::kVerMask)) return;  // a lazy flow priced again since
     if (f.linked) unlink(fid);  // lazy: still on its resources
-    account(f, now_ - f.alpha);
-    f.chain.add(Limit::kLatency, f.alpha);
+    const double alpha = pairs_[f.pair].alpha;
+    account(f, now_ - alpha - f.overhead);
+    // Its chain: where it started, its own pieces, its latency.
+    Chain why = pool_[f.start];
+    pool_release(f.start);
+    for (size_t k = 0; k < kNumBandwidthLimits; ++k) why.t[kFirstBandwidthLimit + k] += f.bw[k];
+    if (f.main_dt > 0) {
+      const auto k = static_cast<size_t>(f.main_kind);
+      if (f.main_dt > why.top_t[k]) {
+        why.top_t[k] = f.main_dt;
+        why.top[k] = f.main_what;
+      }
+    }
+    why.add(Limit::kLatency, alpha);
+    if (f.overhead > 0) why.add(Limit::kOverhead, f.overhead);
     ++f.ver;
     const uint32_t pid = f.pair;
     const MsgRef m = f.msg;
-    const Chain why = f.chain;
     free_flows_.push_back(fid);
     Pair& p = pairs_[pid];
     p.busy = false;
@@ -1060,10 +1148,8 @@ class Engine {
   std::optional<std::pair<uint32_t, int>> waiting_on(int r) const {
     const RankState& rs = ranks_[static_cast<size_t>(r)];
     const auto steps = store_.steps(current(rs, r));
-    auto queued = [&](const Fifo<MsgRef>& q, uint32_t i) {
-      for (size_t k = q.head; k < q.v.size(); ++k)
-        if (q.v[k].phase == rs.phase && q.v[k].step == i) return true;
-      return false;
+    auto queued = [&](const SmallFifo<MsgRef>& q, uint32_t i) {
+      return q.any([&](const MsgRef& m) { return m.phase == rs.phase && m.step == i; });
     };
     for (uint32_t i = 0; i < steps.size(); ++i) {
       const StepLite& s = steps[i];
@@ -1152,6 +1238,8 @@ class Engine {
   size_t sweep_at_ = 0;
   std::vector<Resource> res_;
   std::vector<Flow> flows_;
+  std::vector<Chain> pool_;
+  std::vector<uint32_t> pool_refs_, pool_free_;
   std::vector<uint32_t> free_flows_, dirty_res_, dirty_flows_, route_;
   EventQueue heap_;
   std::deque<uint32_t> now_posts_;

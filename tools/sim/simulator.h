@@ -19,11 +19,11 @@
 //   from a (schedule.h). A message of at most eager_bytes leaves when its
 //   sender posts it (into the transport's FIFO); a larger one waits until
 //   its receive is posted too.
-// - Within a phase, a rank starts its messages gap_us apart (LogGP's g:
-//   the per-message work of its progress loop): the first at once, each
-//   further one gap_us after the one before. The cost model's
-//   CommCost::overlap_us, which it charges for each extra concurrent
-//   message of the direct algorithms.
+// - Within a phase, a rank's k-th message pays (k - 1) x gap_us on top of
+//   its alpha (LogGP's g: the sender's per-message work before it). This is
+//   the cost model's CommCost::overlap_us, which it charges for each extra
+//   concurrent message of the direct algorithms; priced as latency, not as
+//   a later start, so a phase's messages share bandwidth from one instant.
 // - Bandwidth is shared by the transfers that use one resource at once. The
 //   resources are the fabric's (fabric_for: each rank's send side and
 //   receive side, every link of the host graph a transfer crosses, each
@@ -65,7 +65,7 @@ namespace loom::sim {
 // What held a piece of a rank's critical path.
 enum class Limit : uint8_t {
   kLatency,   // alpha
-  kOverhead,  // waiting for the rank's next message slot in its phase (gap_us)
+  kOverhead,  // the gaps before a message in its phase (gap_us)
   kPath,      // a transfer at its path's own bandwidth (1 / beta), nothing shared
   kSendPort,  // a transfer at its share of a resource, by kind
   kRecvPort,
@@ -88,7 +88,7 @@ struct Fabric {
   // alpha (us) and beta (us per byte) of one message from `from` to `to`.
   std::function<topo::LinkCost(int from, int to)> link;
   double gamma_us_per_byte = 0;  // reduction; copies cost 2/3 of it per byte
-  double gap_us = 0;             // a rank starts the messages of one phase gap_us apart
+  double gap_us = 0;             // per extra message of a phase, on top of alpha
 };
 
 // The fabric of a placement: each rank's send and receive side at the
