@@ -62,6 +62,7 @@ struct Args {
   uint64_t eager_bytes = 0;
   bool eager_set = false;
   double gap_us = -1;  // < 0: the cost model's overlap_us
+  int iters = 1;       // ops back to back; times are per op
 };
 
 void usage(FILE* out) {
@@ -80,8 +81,10 @@ void usage(FILE* out) {
                "  --root R            root of broadcast / reduce (default 0)\n"
                "  --eager-bytes B     messages up to B leave without waiting for their receive\n"
                "                      (default LOOM_SHM_FIFO_BYTES, 2M); larger ones wait for it\n"
-               "  --gap-us G          a rank starts at most one message every G us (default: the cost model's\n"
-               "                      per-message overlap cost, CommCost::overlap_us; 0: none)\n"
+               "  --gap-us G          a phase's k-th message pays (k-1) x G us on top of its alpha (default: the\n"
+               "                      cost model's per-message overlap, CommCost::overlap_us; 0: none)\n"
+               "  --iters N           N ops back to back, times per op (default 1: one op's latency). The model\n"
+               "                      prices broadcast and reduce per op of such a stream: compare with N >= 10\n"
                "  --check             instead of timing: check every schedule's matching (each send has its\n"
                "                      receive, same count, in order) and that no rank deadlocks\n"
                "  --json, --csv       machine-readable output\n"
@@ -258,6 +261,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loom-sim: bad --gap-us '%s'\n", v);
         return 2;
       }
+    } else if (s == "--iters") {
+      if (!parse_int(next("--iters"), 1, 1000000, a.iters)) {
+        std::fprintf(stderr, "loom-sim: --iters must be 1..1000000\n");
+        return 2;
+      }
     } else if (s == "--json") {
       a.json = true;
     } else if (s == "--csv") {
@@ -366,7 +374,7 @@ int main(int argc, char** argv) {
           row.error = fmt::format("rank {}: {}", r, s.status().to_string());
           break;
         }
-        store.add_rank(*s);
+        store.add_rank(*s, a.iters);
         if ((r & 63) == 0) progress.update(fmt::format("building schedules: rank {} of {}", r, n));
       }
       row.build_s = seconds_since(t0);
@@ -377,7 +385,12 @@ int main(int argc, char** argv) {
         sim::SimOptions opt;
         opt.elem_bytes = es;
         opt.eager_bytes = a.eager_bytes;
-        opt.schedule_of = [&](int r) { return make_schedule(args_of(r), algo); };
+        opt.schedule_of = [&](int r) -> Result<RankSchedule> {  // the ops back to back, as stored
+          LOOM_ASSIGN_OR_RETURN(RankSchedule one, make_schedule(args_of(r), algo));
+          RankSchedule all = one;
+          for (int it = 1; it < a.iters; ++it) all.phases.insert(all.phases.end(), one.phases.begin(), one.phases.end());
+          return all;
+        };
         opt.progress = [&](double now_us, uint64_t done, uint64_t total) {
           progress.update(fmt::format("{}: {} of {} messages, at {:.1f} us", a.check ? "checking" : "simulating", done,
                                       total, now_us));
@@ -391,14 +404,14 @@ int main(int argc, char** argv) {
           if (!res.is_ok()) {
             row.error = res.status().to_string();
           } else {
-            row.sim_us = res->time_us;
+            row.sim_us = res->time_us / a.iters;
             row.slowest = res->slowest_rank;
             row.critical = res->critical_text;
             row.path_us = res->path_us;
             row.events = res->events;
             row.critical_share =
                 res->time_us > 0 ? res->path_us[static_cast<size_t>(res->critical)] / res->time_us : 0;
-            row.busbw = res->time_us > 0 ? shape.algbw_bytes / res->time_us / 1e3 * shape.bus_factor : 0;
+            row.busbw = res->time_us > 0 ? shape.algbw_bytes / row.sim_us / 1e3 * shape.bus_factor : 0;
           }
         }
         row.sim_s = seconds_since(t1);
@@ -428,6 +441,7 @@ int main(int argc, char** argv) {
     j["dtype"] = dtype_name(a.dt);
     j["mode"] = a.check ? "check" : "time";
     j["eager_bytes"] = a.eager_bytes;
+    j["iters"] = a.iters;
     j["gap_us"] = a.gap_us >= 0 ? a.gap_us : cost.overlap_us;
     j["rows"] = json::array();
     for (const Row& r : rows) {
@@ -489,8 +503,9 @@ int main(int argc, char** argv) {
     return failures ? 1 : 0;
   }
 
-  std::printf("# loom-sim: %s, %d ranks on %d host(s), %d per host, %s, topology %s\n", collective_name(a.coll), n,
-              rt.nhosts, rt.ranks_per_host, dtype_name(a.dt), g.source.c_str());
+  std::printf("# loom-sim: %s, %d ranks on %d host(s), %d per host, %s, topology %s%s\n", collective_name(a.coll), n,
+              rt.nhosts, rt.ranks_per_host, dtype_name(a.dt), g.source.c_str(),
+              a.iters > 1 ? fmt::format(", {} ops back to back (times per op)", a.iters).c_str() : "");
   if (a.check) {
     std::printf("# --check: matching (every send has its receive, same count, in order) and deadlock freedom\n");
     std::printf("%10s  %-13s %12s %14s  %s\n", "size", "algorithm", "phases", "messages", "result");

@@ -114,6 +114,23 @@ TEST(SimTiming, OneMessageIsAlphaPlusBytesTimesBeta) {
   }
 }
 
+TEST(SimTiming, OpsBackToBackQueueBehindEachOther) {
+  // The same schedule three times in a row (loom-sim --iters 3): the
+  // messages of one pair go one at a time, so three alphas and three times
+  // the bytes.
+  const Toy t = flat(2, 3.5, 12.5);
+  const size_t b = 1 << 20;
+  ScheduleStore st(2);
+  st.add_rank(phases({{send_step(1, {kBufSend, 0}, b)}}), 3);
+  st.add_rank(phases({{recv_step(0, {kBufRecv, 0}, b)}}), 3);
+  EXPECT_EQ(st.phases(), 6u);
+  SimOptions o;
+  o.elem_bytes = 1;
+  auto r = simulate(st, t.fabric(), o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_NEAR(r->time_us, 3 * (3.5 + b / 12.5e3), 1e-6);
+}
+
 TEST(SimTiming, ReceiveReduceAndLocalStepsCostGamma) {
   const Toy t = flat(2, 1.0, 10.0);
   const double gamma = 1.0 / 5e3;  // 5 GB/s

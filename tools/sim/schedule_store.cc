@@ -1,5 +1,7 @@
 #include "schedule_store.h"
 
+#include <algorithm>
+
 namespace loom::sim {
 namespace {
 
@@ -54,28 +56,30 @@ uint32_t ScheduleStore::intern(const std::vector<StepLite>& v) {
   }
 }
 
-void ScheduleStore::add_rank(const RankSchedule& s) {
+void ScheduleStore::add_rank(const RankSchedule& s, int repeat) {
   const int rank = ranks_added();
-  for (const Phase& ph : s.phases) {
-    scratch_.clear();
-    for (const Step& st : ph.steps) {
-      StepLite l;
-      l.count = st.count;
-      l.kind = st.kind;
-      l.flags = static_cast<uint8_t>((st.overlap ? kOverlap : 0) | (st.peer_reduces ? kPeerReduces : 0) |
-                                     (st.announced ? kAnnounced : 0));
-      if (is_comm_step(st.kind)) {
-        ++transfers_;
-        l.rel_peer = st.peer < 0 || st.peer >= nranks_ || st.peer == rank
-                         ? kBadPeer
-                         : static_cast<uint32_t>((st.peer - rank + nranks_) % nranks_);
+  for (int it = 0; it < repeat; ++it) {
+    for (const Phase& ph : s.phases) {
+      scratch_.clear();
+      for (const Step& st : ph.steps) {
+        StepLite l;
+        l.count = st.count;
+        l.kind = st.kind;
+        l.flags = static_cast<uint8_t>((st.overlap ? kOverlap : 0) | (st.peer_reduces ? kPeerReduces : 0) |
+                                       (st.announced ? kAnnounced : 0));
+        if (is_comm_step(st.kind)) {
+          ++transfers_;
+          l.rel_peer = st.peer < 0 || st.peer >= nranks_ || st.peer == rank
+                           ? kBadPeer
+                           : static_cast<uint32_t>((st.peer - rank + nranks_) % nranks_);
+        }
+        scratch_.push_back(l);
       }
-      scratch_.push_back(l);
+      const uint32_t id = intern(scratch_);
+      if (runs_.size() > rank_begin_.back() && runs_.back().shape == id && runs_.back().reps < UINT32_MAX) ++runs_.back().reps;
+      else runs_.push_back({id, 1});
+      ++phases_;
     }
-    const uint32_t id = intern(scratch_);
-    if (runs_.size() > rank_begin_.back() && runs_.back().shape == id && runs_.back().reps < UINT32_MAX) ++runs_.back().reps;
-    else runs_.push_back({id, 1});
-    ++phases_;
   }
   rank_begin_.push_back(runs_.size());
 }

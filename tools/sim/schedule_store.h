@@ -51,8 +51,9 @@ class ScheduleStore {
   };
 
   explicit ScheduleStore(int nranks);
-  // Appends the next rank's schedule (ranks in order 0, 1, ...).
-  void add_rank(const RankSchedule& s);
+  // Appends the next rank's schedule (ranks in order 0, 1, ...), `repeat`
+  // times in a row: ops issued back to back, as a stream of calls runs.
+  void add_rank(const RankSchedule& s, int repeat = 1);
 
   int nranks() const { return nranks_; }
   int ranks_added() const { return static_cast<int>(rank_begin_.size()) - 1; }

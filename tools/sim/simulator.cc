@@ -556,8 +556,7 @@ struct RankState {
   bool done = false;
   double finish = 0;
   Chain ready_chain, post_chain;
-  // Message slots (Fabric::gap_us): the next free one, what led to it, and
-  // the pairs waiting for one.
+  // Its latest pairs (pair_of), before the index.
   static constexpr size_t kPairCache = 4;
   std::array<uint32_t, kPairCache> pair_cache{kNone, kNone, kNone, kNone};
   uint32_t started = 0;  // messages this phase has started (Fabric::gap_us)

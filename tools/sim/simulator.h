@@ -83,7 +83,7 @@ struct Fabric {
   std::vector<double> capacity_GBps;  // every shared resource (one direction each)
   std::vector<Limit> kind;            // what each resource is
   std::function<std::string(uint32_t)> name;  // a resource, for the report
-  // Appends the resources a message from `from` to `to` uses (the first 12 count).
+  // Appends the resources a message from `from` to `to` uses (the first 8 count).
   std::function<void(int from, int to, std::vector<uint32_t>& out)> route;
   // alpha (us) and beta (us per byte) of one message from `from` to `to`.
   std::function<topo::LinkCost(int from, int to)> link;
