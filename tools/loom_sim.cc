@@ -392,8 +392,8 @@ int main(int argc, char** argv) {
           return all;
         };
         opt.progress = [&](double now_us, uint64_t done, uint64_t total) {
-          progress.update(fmt::format("{}: {} of {} messages, at {:.1f} us", a.check ? "checking" : "simulating", done,
-                                      total, now_us));
+          progress.update(a.check ? fmt::format("checking: {} of {} messages", done, total)
+                                  : fmt::format("simulating: {} of {} messages, at {:.1f} us", done, total, now_us));
         };
         const auto t1 = Clock::now();
         if (a.check) {

@@ -2,7 +2,7 @@
 //
 // A RankSchedule keeps buffers and offsets the simulator never reads, and
 // a ring allreduce over 16384 ranks is 2 x 16383 phases on each rank: some
-// 7 MB per rank, over 100 GB in all. The store keeps what timing and
+// 6 MB per rank, 99 GB in all. The store keeps what timing and
 // matching need (kind, peer, count, flags; StepLite), with every peer
 // relative to its rank ((peer - rank) mod nranks), and interns phases: the
 // ring's phases are then a handful of shapes shared by every rank, and each
