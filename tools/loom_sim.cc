@@ -68,8 +68,8 @@ struct Args {
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: loom-sim [--topo-file F] [--nranks N] [--ranks-per-host R] [--coll C] [--sizes LIST]\n"
-               "                [--algo A[,B...]] [--dtype T] [--root R] [--eager-bytes B] [--check]\n"
-               "                [--json | --csv] [--quiet] [--help]\n"
+               "                [--algo A[,B...]] [--dtype T] [--root R] [--eager-bytes B] [--gap-us G]\n"
+               "                [--iters N] [--check] [--json | --csv] [--quiet] [--help]\n"
                "  --topo-file F       NCCL-format topology XML (default: LOOM_TOPO_FILE, NCCL_TOPO_FILE or this host)\n"
                "  --nranks N          ranks to place (default: one per GPU, else one per core, at least 2)\n"
                "  --ranks-per-host R  ranks per host (default: number of GPUs; more ranks => more hosts), as loom-topo\n"
@@ -84,7 +84,8 @@ void usage(FILE* out) {
                "  --gap-us G          a phase's k-th message pays (k-1) x G us on top of its alpha (default: the\n"
                "                      cost model's per-message overlap, CommCost::overlap_us; 0: none)\n"
                "  --iters N           N ops back to back, times per op (default 1: one op's latency). The model\n"
-               "                      prices broadcast and reduce per op of such a stream: compare with N >= 10\n"
+               "                      prices broadcast and reduce per op of such a stream: compare with N large\n"
+               "                      enough to amortise a chain's fill (200 for 512 ranks)\n"
                "  --check             instead of timing: check every schedule's matching (each send has its\n"
                "                      receive, same count, in order) and that no rank deadlocks\n"
                "  --json, --csv       machine-readable output\n"
