@@ -14,11 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/algorithms.h"
 #include "core/config.h"
 #include "loom/types.h"
+#include "placement.h"
 #include "topology/algo_override.h"
-#include "topology/discover.h"
 #include "topology/paths.h"
 #include "topology/topo_xml.h"
 #include "topology/transport_select.h"
@@ -118,26 +117,20 @@ const std::vector<size_t>& table_sizes() {
   return kSizes;
 }
 
+// Ranks whose pairwise paths are printed (text) or written (JSON).
+constexpr int kTextMatrixRanks = 64;
+constexpr int kJsonMatrixRanks = 256;
+
 // The algorithms a job offers the tuner for this call (CommImpl::schedule_for):
 // the registered ones that accept it (Algorithm::supports), rank 0's view of
 // a float sum of `bytes` as the perf tables count them (all_gather's output,
 // reduce_scatter's input, all_to_all's send buffer: nranks blocks). The
 // model also prices kinds no schedule implements (a direct reduce_scatter);
 // a job never picks those, so neither does this tool.
-// Ranks whose pairwise paths are printed (text) or written (JSON).
-constexpr int kTextMatrixRanks = 64;
-constexpr int kJsonMatrixRanks = 256;
-
 std::vector<std::string> runnable(Collective coll, size_t bytes, const RankTopology& rt) {
-  CollArgs args;
-  args.coll = coll;
-  args.dt = DataType::kFloat32;
-  args.op = RedOp::kSum;
-  args.nranks = rt.nranks;
-  args.count = bytes / dtype_size(args.dt) / (bytes_are_blocks(coll) ? static_cast<size_t>(std::max(rt.nranks, 1)) : 1);
-  for (const RankInfo& r : rt.ranks) args.host_of_rank.push_back(r.host);
-  args.oversubscribed = params::oversubscribed(params::ranks_on_host_of(args.host_of_rank, 0, rt.nranks));
-  return runnable_algorithms(args);
+  const DataType dt = DataType::kFloat32;
+  const size_t count = bytes / dtype_size(dt) / (bytes_are_blocks(coll) ? static_cast<size_t>(std::max(rt.nranks, 1)) : 1);
+  return tools::runnable(coll, count, dt, tools::host_of_rank(rt));
 }
 
 }  // namespace
@@ -201,13 +194,12 @@ int main(int argc, char** argv) {
     }
   }
 
-  Result<ImportResult> loaded = a.topo_file.empty() ? load_system_topology() : load_topology_file(a.topo_file);
+  Result<ImportResult> loaded = tools::load_topology(a.topo_file);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "loom-topo: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
   TopoGraph& g = loaded.value().graph;
-  if (a.topo_file.empty()) dump_system_topology(g, -1);  // LOOM_TOPO_DUMP_FILE, as before
   if (!a.dump_file.empty()) {
     Status st = dump_topology_file(g, a.dump_file);
     if (!st.is_ok()) {
@@ -216,9 +208,7 @@ int main(int argc, char** argv) {
     }
   }
   int ngpus = g.count(NodeType::kGpu);
-  if (a.nranks == 0) {
-    a.nranks = ngpus > 0 ? ngpus : std::max(2, params::host_cores());
-  }
+  if (a.nranks == 0) a.nranks = tools::default_nranks(g);
   TunerOptions opts;
   opts.ranks_per_host = a.ranks_per_host;
   auto tuner_r = Tuner::from_env(g, a.nranks, opts);

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 
+#include "algorithms/matching.h"
 #include "kernels/host_reduce.h"
 
 namespace loom {
@@ -14,10 +15,7 @@ namespace {
 
 struct Message {
   std::vector<std::byte> data;
-  size_t count;
-  int phase;
-  bool peer_reduces;
-  bool announced;
+  MessageTag tag;  // matching.h: what the receive is checked against
 };
 
 struct RankState {
@@ -157,11 +155,9 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
         for (size_t i = 0; i < ph.steps.size(); ++i) {
           const Step& s = ph.steps[i];
           if (s.kind != StepKind::kSend) continue;
-          if (s.peer < 0 || s.peer >= n || s.peer == r)
-            return internal_error(fmt::format("rank {} phase {}: bad peer in '{}'", r, rs.phase, describe(s)));
+          LOOM_RETURN_IF_ERROR(check_peer(r, rs.phase, s, n));
           LOOM_ASSIGN_OR_RETURN(std::byte * src, resolve(r, s.src, s.count, "send src"));
-          Message m{std::vector<std::byte>(src, src + s.count * es), s.count, static_cast<int>(rs.phase), s.peer_reduces,
-                  s.announced};
+          Message m{std::vector<std::byte>(src, src + s.count * es), message_tag(s, rs.phase)};
           queues[{r, s.peer}].push_back(std::move(m));
           rs.done[i] = true;
         }
@@ -178,8 +174,7 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
       for (size_t i = 0; i < ph.steps.size(); ++i) {
         const Step& s = ph.steps[i];
         if (rs.done[i] || (s.kind != StepKind::kRecv && s.kind != StepKind::kRecvReduce)) continue;
-        if (s.peer < 0 || s.peer >= n || s.peer == r)
-          return internal_error(fmt::format("rank {} phase {}: bad peer in '{}'", r, rs.phase, describe(s)));
+        LOOM_RETURN_IF_ERROR(check_peer(r, rs.phase, s, n));
         if (blocked_peer[s.peer]) continue;
         auto& q = queues[{s.peer, r}];
         if (q.empty()) {
@@ -188,21 +183,7 @@ Status interpret(const std::vector<RankSchedule>& schedules, std::vector<std::ve
         }
         Message m = std::move(q.front());
         q.pop_front();
-        if (m.count != s.count)
-          return internal_error(fmt::format(
-              "rank {} phase {}: '{}' matched a message of {} elements sent by rank {} in its phase {}", r, rs.phase,
-              describe(s), m.count, s.peer, m.phase));
-        // The transport picks the message's path from this flag on the send
-        // side and from the step kind on the receive side: they must agree.
-        if (m.peer_reduces != (s.kind == StepKind::kRecvReduce) && s.count > 0)
-          return internal_error(fmt::format(
-              "rank {} phase {}: '{}' matched a send of rank {} (its phase {}) {} marked peer_reduces", r, rs.phase,
-              describe(s), s.peer, m.phase, m.peer_reduces ? "wrongly" : "not"));
-        // The same for Step::announced (shm: the header threshold).
-        if (m.announced != s.announced && s.count > 0)
-          return internal_error(fmt::format(
-              "rank {} phase {}: '{}' matched a send of rank {} (its phase {}) {}", r, rs.phase, describe(s), s.peer,
-              m.phase, m.announced ? "marked announced, the receive not" : "not marked announced, the receive is"));
+        LOOM_RETURN_IF_ERROR(check_receive(r, rs.phase, s, m.tag));
         LOOM_ASSIGN_OR_RETURN(std::byte * dst, resolve(r, s.dst, s.count, "recv dst"));
         if (s.kind == StepKind::kRecv) {
           std::memcpy(dst, m.data.data(), m.data.size());

@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/schedule_args.h"
 #include "diag/params.h"
 #include "kernels/host_reduce.h"
 #include "topology/discover.h"
@@ -401,18 +402,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   }
   // Cache miss: ask the tuner among the algorithms that can serve this call.
   CollArgs args = a;
-  args.host_of_rank = host_of_rank_;  // hierarchical algorithms need it
-  args.oversubscribed = params::oversubscribed(params::ranks_on_host_of(host_of_rank_, rank_, nranks_));
-  {
-    auto mode = parse_transport_mode(params::transport());
-    // Only settings every rank agrees on (agree_settings), so that a send and
-    // its receive mark a message announced alike; a receiver with
-    // LOOM_SHM_MAP_SHARED=0 then takes it through the FIFO (its segment says
-    // so to both ends).
-    const bool shm = mode.is_ok() && *mode != TransportMode::kSocket;
-    args.stage_min_bytes = shm ? std::max<uint64_t>(params::shm_announced_min_bytes(), 1) : 0;
-    args.stage_cache_bytes = shm ? params::host_llc_bytes() : 0;
-  }
+  set_job_args(args, host_of_rank_);  // host_of_rank, oversubscribed, staging (core/schedule_args.h)
   const std::vector<std::string> available = runnable_algorithms(args);
   std::string chosen;
   const size_t bytes = a.count * dtype_size(a.dt);  // per-rank count (NCCL's), logged as is
@@ -431,8 +421,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
       // must stay at least a block in elements, or the block would go in
       // two slices, the second of one element, and the op would take an
       // extra phase (regression: TunerSizes.AWholeBlockChunkIsOneSlice).
-      if (sel->chunk_bytes && !params::chunk_bytes_if_set())
-        args.chunk_elems = std::max<size_t>(1, (sel->chunk_bytes + dtype_size(a.dt) - 1) / dtype_size(a.dt));
+      if (const size_t c = tuned_chunk_elems(sel->chunk_bytes, a.dt)) args.chunk_elems = c;
       LOOM_INFO(kLogTune, "{} rank {}: {} {} B{} -> {} ({}, predicted {:.1f} us, chunk {} B{})", name_, rank_,
                 collective_name(a.coll), bytes, a.in_place ? " in place" : "", chosen, sel->source, sel->predicted_us,
                 args.chunk_elems ? args.chunk_elems * dtype_size(a.dt) : params::chunk_bytes(),  // LOOM_CHUNK_BYTES

@@ -54,6 +54,23 @@ double transport_base_latency_us(TransportKind k) {
   return 10.0;
 }
 
+PairCosts::PairCosts(const TopoGraph& g, const RankTopology& rt, const TransportPolicy& policy)
+    : g_(&g), rt_(&rt), policy_(policy), memo_(2 * static_cast<size_t>(rt.nclasses()) * static_cast<size_t>(rt.nclasses())) {}
+
+LinkCost PairCosts::operator()(int a, int b) const {
+  const RankTopology& rt = *rt_;
+  const bool same_host = rt.ranks[static_cast<size_t>(a)].host == rt.ranks[static_cast<size_t>(b)].host;
+  const size_t nc = static_cast<size_t>(rt.nclasses());
+  std::optional<LinkCost>& m =
+      memo_[(same_host ? nc * nc : 0) + static_cast<size_t>(rt.slot_class(a)) * nc + static_cast<size_t>(rt.slot_class(b))];
+  if (!m) {
+    const Path& path = rt.path(a, b);
+    TransportChoice t = choose_transport(*g_, rt, a, b, policy_);
+    m = LinkCost{transport_base_latency_us(t.kind) + path.latency_us, beta_of(path.bw)};
+  }
+  return LinkCost{m->alpha_us * alpha_scale_, m->beta_us_per_byte * beta_scale_};
+}
+
 Tuner::Tuner(TopoGraph graph, TunerOptions options) : graph_(std::move(graph)), options_(options) {}
 Tuner::~Tuner() = default;
 
@@ -129,25 +146,11 @@ Status Tuner::set_hand_off_rounds(double across_us, double within_us) {
   return Status::ok();
 }
 
-CommCost Tuner::derive_cost(int nranks) const {
+CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale) const {
   CommCost c;
   RankTopology rt = map_ranks(graph_, nranks, options_.ranks_per_host);
   const int p = rt.nranks;
-  // A pair's cost depends on its slot classes and on whether it shares a
-  // host (RankTopology::slot_class): computed once per combination.
-  const size_t nc = static_cast<size_t>(rt.nclasses());
-  std::vector<std::optional<LinkCost>> memo(2 * nc * nc);
-  auto pair = [&](int a, int b) {
-    const bool same_host = rt.ranks[static_cast<size_t>(a)].host == rt.ranks[static_cast<size_t>(b)].host;
-    std::optional<LinkCost>& m =
-        memo[(same_host ? nc * nc : 0) + static_cast<size_t>(rt.slot_class(a)) * nc + static_cast<size_t>(rt.slot_class(b))];
-    if (!m) {
-      const Path& path = rt.path(a, b);
-      TransportChoice t = choose_transport(graph_, rt, a, b, options_.transport);
-      m = LinkCost{transport_base_latency_us(t.kind) + path.latency_us, beta_of(path.bw)};
-    }
-    return *m;
-  };
+  const PairCosts pair(graph_, rt, options_.transport);
   // Every distinct pair's combination, without the O(p^2) loop over ranks.
   const std::vector<int> reps = rt.representatives();
   for (int i = 0; i < p && p > 1; ++i) worst(c.ring, pair(i, (i + 1) % p));
@@ -215,9 +218,13 @@ CommCost Tuner::derive_cost(int nranks) const {
     }
   }
 
+  if (alpha_scale) *alpha_scale = 1;
+  if (beta_scale) *beta_scale = 1;
   if (cal_alpha_us_ && c.ring.alpha_us > 0) {
     double sa = *cal_alpha_us_ / c.ring.alpha_us;
     double sb = beta_of(*cal_bw_) / c.ring.beta_us_per_byte;
+    if (alpha_scale) *alpha_scale = sa;
+    if (beta_scale) *beta_scale = sb;
     auto scale = [&](LinkCost& l) {
       l.alpha_us *= sa;
       l.beta_us_per_byte *= sb;
@@ -253,6 +260,17 @@ CommCost Tuner::cost(int nranks) {
   CommCost c = derive_cost(nranks);
   cache_.emplace(nranks, c);
   return c;
+}
+
+PairCosts Tuner::pair_costs(const RankTopology& rt) {
+  double sa = 1, sb = 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cal_alpha_us_) derive_cost(rt.nranks, &sa, &sb);  // the factors depend on the ring's pairs
+  }
+  PairCosts pc(graph_, rt, options_.transport);
+  pc.scale(sa, sb);
+  return pc;
 }
 
 std::vector<Estimate> Tuner::estimate_all(Collective coll, size_t bytes, int nranks) {

@@ -54,6 +54,34 @@ struct TunerOptions {
 // Base latency of one message per transport (software + wire), in us.
 double transport_base_latency_us(TransportKind k);
 
+// The alpha and beta the cost model gives one message between two ranks of
+// a placement: the base latency of the transport the pair uses
+// (choose_transport) plus its path's latency, and 1 / the path's bandwidth.
+// CommCost's ring, level and all figures are worsts over these; the
+// simulator (tools/sim) prices each message with them, so the two differ in
+// structure only, not in constants. A pair's cost is a function of the two
+// slot classes and of whether they share a host (RankTopology::slot_class):
+// computed once per combination, on first use. Holds `g` and `rt`, which
+// must outlive it.
+class PairCosts {
+ public:
+  PairCosts(const TopoGraph& g, const RankTopology& rt, const TransportPolicy& policy);
+  LinkCost operator()(int a, int b) const;
+  // Calibration (Tuner::calibrate): every alpha and beta times these.
+  void scale(double alpha, double beta) {
+    alpha_scale_ = alpha;
+    beta_scale_ = beta;
+  }
+  const RankTopology& topology() const { return *rt_; }
+
+ private:
+  const TopoGraph* g_;
+  const RankTopology* rt_;
+  TransportPolicy policy_;
+  mutable std::vector<std::optional<LinkCost>> memo_;
+  double alpha_scale_ = 1, beta_scale_ = 1;
+};
+
 class Tuner {
  public:
   explicit Tuner(TopoGraph graph, TunerOptions options = {});
@@ -72,6 +100,11 @@ class Tuner {
   // Model estimates of every known algorithm, fastest first.
   std::vector<Estimate> estimate_all(Collective coll, size_t bytes, int nranks);
   CommCost cost(int nranks);
+  // The per-pair costs cost(nranks) is made of, calibrated alike. `rt` is
+  // the placement, map_ranks(graph(), nranks, ranks_per_host()), and must
+  // outlive the result (as this tuner must).
+  PairCosts pair_costs(const RankTopology& rt);
+  int ranks_per_host() const { return options_.ranks_per_host; }
 
   void set_override(AlgoOverride ov);
   const AlgoOverride& override_rules() const { return override_; }
@@ -94,7 +127,9 @@ class Tuner {
   const TopoGraph& graph() const { return graph_; }
 
  private:
-  CommCost derive_cost(int nranks) const;
+  // *alpha_scale / *beta_scale (when given): the calibration's factors on
+  // the topology's alpha and beta (1 without calibration).
+  CommCost derive_cost(int nranks, double* alpha_scale = nullptr, double* beta_scale = nullptr) const;
 
   TopoGraph graph_;
   TunerOptions options_;
