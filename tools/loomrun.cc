@@ -48,7 +48,10 @@ void usage(FILE* out) {
           "  stderr to stderr. If a rank exits non-zero or is killed, the others get\n"
           "  --grace seconds (default 3, env LOOM_LOOMRUN_GRACE) to finish,\n"
           "  then are terminated; loomrun prints a summary and exits with the first\n"
-          "  failing rank's code (128 + signal number when it was killed), as mpirun.\n"
+          "  failing rank's code (128 + signal number when it was killed), as mpirun;\n"
+          "  a rank killed by a signal within the grace period counts as the first\n"
+          "  failing one ahead of ranks that exited with an error (they usually only\n"
+          "  report the lost peer).\n"
           "  --bind core (default) pins rank r to the r-th CPU loomrun may use (modulo their\n"
           "  number), like mpirun's --bind-to core: ranks that migrate between cores pay\n"
           "  for it in latency. --bind none leaves placement to the kernel.\n");
@@ -402,6 +405,15 @@ int main(int argc, char** argv) {
           if (failed(status) && first_failed < 0 && !term_sent) {
             first_failed = r;
             kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(grace * 1000));
+          } else if (first_failed >= 0 && !term_sent && WIFSIGNALED(status) &&
+                     !WIFSIGNALED(ranks[first_failed].status)) {
+            // A rank killed by a signal (OOM killer, SIGSEGV) within the
+            // grace period is the likelier cause than one that exited with
+            // an error: its peers see the closed connection and exit first,
+            // often before the kernel has made the killed rank a zombie.
+            // Regression: loomrun then reported "rank 0 exited with code 1"
+            // and exit code 1 for a job whose rank 1 was SIGKILLed.
+            first_failed = r;
           }
         }
     }

@@ -132,6 +132,20 @@ TEST(Loomrun, OneRankFailsOthersAreEndedWithSummary) {
       << out;
 }
 
+// A rank killed by a signal shortly after another rank exited with an error
+// is reported as the cause: the peers of a killed rank see its connections
+// close and often exit before the kernel has reaped it. Regression (CI,
+// RemovesTheSegmentOfARankKilledInShmSetup): loomrun said "rank 0 exited with
+// code 1" and exited 1 for a job whose rank 1 was SIGKILLed.
+TEST(Loomrun, ARankKilledBySignalIsTheCauseAheadOfAnEarlierErrorExit) {
+  auto [rc, out] = run(build_dir() + "/bin/loomrun -n 3 --grace 2 sh -c '"
+                       "case $LOOM_RANK in 0) exit 1;; 1) sleep 0.3; kill -9 $$;; *) sleep 60;; esac'");
+  EXPECT_EQ(rc, 137) << out;
+  EXPECT_NE(out.find("loomrun: rank 1 (pid "), std::string::npos) << out;
+  EXPECT_NE(out.find("killed by signal 9"), std::string::npos) << out;
+  EXPECT_NE(out.find("other ranks: 0 exited with code 1, 2 killed by loomrun's SIGTERM"), std::string::npos) << out;
+}
+
 // The summary says how each rank that loomrun asked to stop ended: killed by
 // the SIGTERM, killed by the SIGKILL that follows, or exited by itself (a
 // handler's exit 0 or code of its own) after the SIGTERM. Regression: every
