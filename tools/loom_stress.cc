@@ -26,6 +26,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/comm.h"
@@ -56,6 +57,7 @@ struct Options {
   int64_t corrupt_op = -1;
   std::string corrupt_kind = "output";
   std::string argv_flags;  // for the replay line
+  int threads = 0;          // --threads N: N ranks as threads of this process (Comm::init_all), no loomrun
 };
 
 struct Stats {
@@ -86,7 +88,7 @@ struct Run {
   bool corrupted = false;
 };
 
-Run* g_run = nullptr;
+thread_local Run* g_run = nullptr;  // each rank's (ranks are threads with --threads)
 
 [[noreturn]] void fail(int code, const std::string& msg) {
   fprintf(stderr, "loom-stress: FAIL seed %llu rank %d/%d: %s\n", static_cast<unsigned long long>(g_run->opt.seed),
@@ -97,8 +99,11 @@ Run* g_run = nullptr;
 }
 
 std::string replay(uint64_t op_index) {
-  return fmt::format("reproduce: build/bin/loomrun -n {} -- build/bin/loom-stress --seed {} --from {} --ops 1{}",
-                     g_run->world_n, g_run->opt.seed, op_index, g_run->opt.argv_flags);
+  const std::string launch = g_run->opt.threads > 0 ? fmt::format("build/bin/loom-stress --threads {}", g_run->world_n)
+                                                     : fmt::format("build/bin/loomrun -n {} -- build/bin/loom-stress",
+                                                                   g_run->world_n);
+  return fmt::format("reproduce: (same environment) {} --seed {} --from {} --ops 1{}", launch, g_run->opt.seed,
+                     op_index, g_run->opt.argv_flags);
 }
 
 // ---- buffers and expectations of one part on this rank ------------------------
@@ -120,6 +125,7 @@ struct Prepared {
   bool in_place = false;
   std::vector<P2pCall> calls;  // in this rank's issue order
   std::string bufs;            // "send heap+3, recv mem_alloc"
+  std::shared_ptr<Alloc> input;  // an out-of-place collective's send buffer
 };
 
 uint8_t poison_byte(Rng& local) {
@@ -166,7 +172,8 @@ Region untouched(const std::shared_ptr<Alloc>& a, uint8_t fill, std::string what
   return r;
 }
 
-Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
+// twin: the prepared op before this one when the plan made this op its twin.
+Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prepared* twin) {
   Prepared pr;
   const size_t es = dtype_size(p.dt), count = p.count, bytes = count * es;
   const size_t nb = static_cast<size_t>(n);
@@ -184,6 +191,18 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
     auto a = get(len_elems * es, poison);
     fill_input(a->data(), len_elems, p.dt, fill_op, me, n, index0);
     return a;
+  };
+  // An out-of-place op's input: the twin's send buffer (same data) or a new one.
+  bool shared_input = false;
+  auto send_input = [&](size_t len_elems, uint64_t index0) {
+    if (twin && twin->input && twin->input->len == len_elems * es && local.chance(0.7)) {
+      pr.allocs.push_back(twin->input);
+      pr.input = twin->input;
+      shared_input = true;
+      return twin->input;
+    }
+    pr.input = input(len_elems, index0);
+    return pr.input;
   };
   // Copied region of the input this rank gave (must be unchanged).
   auto own_input = [&](const std::shared_ptr<Alloc>& a, size_t off, size_t len_elems, uint64_t index0,
@@ -204,7 +223,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         pr.regions.push_back(reduced(a, 0, bytes, "output", p.dt, p.op, n, salt));
         pr.bufs = "buf " + a->name();
       } else {
-        auto s = input(count, salt), r = get(bytes, poison);
+        auto s = send_input(count, salt), r = get(bytes, poison);
         pr.send = s->data();
         pr.recv = r->data();
         pr.regions.push_back(reduced(r, 0, bytes, "output", p.dt, p.op, n, salt));
@@ -228,7 +247,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         }
         pr.bufs = "buf " + a->name();
       } else {
-        auto s = input(nb * count, salt), r = get(bytes, poison);
+        auto s = send_input(nb * count, salt), r = get(bytes, poison);
         pr.send = s->data();
         pr.recv = r->data();
         pr.regions.push_back(reduced(r, 0, bytes, "output", p.dt, p.op, n, salt + static_cast<size_t>(me) * count));
@@ -244,7 +263,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         pr.send = out->data() + static_cast<size_t>(me) * bytes;
         pr.bufs = "buf " + out->name();
       } else {
-        auto s = input(count, salt);
+        auto s = send_input(count, salt);
         out = get(nb * bytes, poison);
         pr.send = s->data();
         pr.regions.push_back(own_input(s, 0, count, salt, "input (must be unchanged)"));
@@ -268,7 +287,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         pr.recv = r->data();
         pr.regions.push_back(copied(r, 0, bytes, true, "output", p.dt, fill_op, p.root, n, salt));
         if (me == p.root) {
-          auto s = input(count, salt);
+          auto s = send_input(count, salt);
           pr.send = s->data();
           pr.regions.push_back(own_input(s, 0, count, salt, "input (must be unchanged)"));
           pr.bufs = "send " + s->name() + ", recv " + r->name();
@@ -295,7 +314,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         }
         pr.bufs = "buf " + a->name();
       } else {
-        auto s = input(count, salt);
+        auto s = send_input(count, salt);
         pr.send = s->data();
         pr.regions.push_back(own_input(s, 0, count, salt, "input (must be unchanged)"));
         pr.bufs = "send " + s->name();
@@ -321,7 +340,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
         pr.send = out->data();
         pr.bufs = "buf " + out->name();
       } else {
-        auto s = input(nb * count, salt);
+        auto s = send_input(nb * count, salt);
         out = get(nb * bytes, poison);
         pr.send = s->data();
         pr.regions.push_back(own_input(s, 0, nb * count, salt, "input (must be unchanged)"));
@@ -337,6 +356,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local) {
     }
     case Collective::kSendRecv: break;
   }
+  if (shared_input) pr.bufs += " (send buffer shared with the op before)";
   return pr;
 }
 
@@ -564,9 +584,10 @@ void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index, const st
     Issued& is = batch[i];
     is.op = &s.ops[i];
     is.label = label_prefix + fmt::format("op #{}", is.op->index);
+    const Prepared* twin = is.op->twin ? &batch[i - 1].parts[0] : nullptr;
     for (const Part& p : is.op->parts)
       is.parts.push_back(p.coll == Collective::kSendRecv ? prepare_p2p(p, lv.rank, lv.n, local)
-                                                         : prepare_collective(p, lv.rank, lv.n, local));
+                                                         : prepare_collective(p, lv.rank, lv.n, local, twin));
     if (run.world_rank == 0) run.current = lv.where + is.label + ": " + describe(*is.op);
     if (run.opt.verbose >= 2 || (run.opt.verbose == 1 && run.world_rank == 0)) {
       printf("%s%s\n", caller_waits ? "(caller waits) " : "", op_context(lv, is, i, k, s.async).c_str());
@@ -589,22 +610,49 @@ void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index, const st
     } else if (how < 10) {
       for (size_t i = k; i > 1; --i) std::swap(order[i - 1], order[local.below(i)]);
     }
-    // Sometimes poll with test() first (only the engine progresses then;
-    // a caller that waits has promised to wait instead).
-    if (!caller_waits && how >= 17) {
+    // How this rank waits: plainly; on two threads (a helper waits every
+    // other op of the order); with short timed waits; or by polling test()
+    // first. A caller that waits has promised plain waits (nothing else
+    // runs its queued ops).
+    enum class Style { kPlain, kHelper, kTimed, kPoll } style = Style::kPlain;
+    if (!caller_waits) {
+      const uint64_t w = local.below(10);
+      style = w < 5 ? Style::kPlain : w < 7 ? Style::kHelper : w < 9 ? Style::kTimed : Style::kPoll;
+    }
+    if (style == Style::kPoll) {
       for (size_t i : order)
         while (batch[i].has_work && !batch[i].work.test()) sched_yield();
-      waits += "polled with test(), ";
     }
+    static constexpr const char* kStyle[] = {"", "helper thread waits every other op, ", "timed waits, ",
+                                             "polled with test(), "};
+    waits += kStyle[static_cast<int>(style)];
     waits += "waited in order";
     for (size_t i : order) waits += fmt::format(" {}", i + 1);
-    for (size_t i : order) {
-      if (!batch[i].has_work) continue;
-      Status st = batch[i].work.wait();
-      if (!st.is_ok())
-        fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}\n  {}", status_str(st),
-                                        op_context(lv, batch[i], i, k, true), waits));
+    std::vector<Status> result(k, Status::ok());
+    auto wait_one = [&](size_t i) {
+      if (!batch[i].has_work) return;
+      if (style == Style::kTimed) {
+        const auto slice = std::chrono::milliseconds(1 + (i % 4));
+        Status st = batch[i].work.wait(slice);
+        while (st.code() == StatusCode::kTimeout && !batch[i].work.test()) st = batch[i].work.wait(slice);
+        result[i] = batch[i].work.test() ? batch[i].work.status() : st;
+      } else {
+        result[i] = batch[i].work.wait();
+      }
+    };
+    if (style == Style::kHelper) {
+      std::thread helper([&] {
+        for (size_t j = 1; j < k; j += 2) wait_one(order[j]);
+      });
+      for (size_t j = 0; j < k; j += 2) wait_one(order[j]);
+      helper.join();
+    } else {
+      for (size_t i : order) wait_one(i);
     }
+    for (size_t i : order)
+      if (!result[i].is_ok())
+        fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}\n  {}", status_str(result[i]),
+                                        op_context(lv, batch[i], i, k, true), waits));
   } else {
     waits += "blocking";
   }
@@ -633,6 +681,15 @@ void run_split(Run& run, Level& lv, const Step& s) {
   for (int r = 0; r < lv.n; ++r)
     if (color >= 0 && s.colors[r] == color) members.push_back({s.keys[r], r});
   std::sort(members.begin(), members.end());
+  // With s.interleave, a step on the parent follows each child step (every
+  // parent rank runs it, in a child or not): two communicators in use by
+  // turns, sharing this rank's buffers.
+  Level parent = lv;
+  parent.seed = mix(s.child_seed, 0x706172656e74ull);
+  parent.gen.split = false;
+  parent.split_op = lv.where.empty() ? s.op_index : lv.split_op;
+  parent.where = fmt::format("{}interleaved with split op #{} on the parent: ", lv.where, s.op_index);
+  Level sub;
   if (color < 0) {
     if (*child) fail(kExitWrong, what + ": a rank with a negative color got a communicator");
   } else {
@@ -642,16 +699,20 @@ void run_split(Run& run, Level& lv, const Step& s) {
     if ((*child)->size() != static_cast<int>(members.size()) || (*child)->rank() != want_rank)
       fail(kExitWrong, fmt::format("{}: child rank {}/{}, want {}/{}", what, (*child)->rank(), (*child)->size(),
                                    want_rank, members.size()));
-    Level sub;
     sub.comm = child->get();
     sub.rank = want_rank;
     sub.n = static_cast<int>(members.size());
     sub.seed = mix(s.child_seed, static_cast<uint64_t>(color));
     sub.gen = lv.gen;
     sub.gen.depth = lv.gen.depth + 1;
-    sub.split_op = lv.where.empty() ? s.op_index : lv.split_op;
+    sub.split_op = parent.split_op;
     sub.where = fmt::format("{}in split op #{} color {} (rank {}/{}): ", lv.where, s.op_index, color, sub.rank, sub.n);
-    run_steps(run, sub, 0, static_cast<uint64_t>(s.child_steps), false);
+  }
+  for (int j = 0; j < s.child_steps; ++j) {
+    if (sub.comm) run_steps(run, sub, static_cast<uint64_t>(j), 1, false);
+    if (s.interleave) run_steps(run, parent, static_cast<uint64_t>(j), 1, false);
+  }
+  if (sub.comm) {
     Status st = (*child)->destroy();
     if (!st.is_ok()) fail(kExitOpFailed, fmt::format("{}: destroying the child failed: {}", what, status_str(st)));
   }
@@ -717,6 +778,7 @@ void usage(FILE* f) {
           "  --no-split        no split communicators\n"
           "  --no-async        every op waited before the next is issued\n"
           "  --timeout S       deadline of every wait (default LOOM_TIMEOUT)\n"
+          "  --threads N       N ranks as threads of this process (Comm::init_all) instead of loomrun's processes\n"
           "  --progress S      rank 0 prints a progress line every S seconds (default 5, 0 = never)\n"
           "  -v                print every op (rank 0); -v -v: on every rank\n"
           "Exit: 0 all checked ops right, 1 wrong data, 2 an op failed, 3 usage.\n");
@@ -790,6 +852,12 @@ int parse_args(int argc, char** argv, Options* o) {
       o->argv_flags += " --no-async";
     } else if (a == "--timeout") {
       o->timeout_s = number(value());
+    } else if (a == "--threads") {
+      o->threads = static_cast<int>(number(value()));
+      if (o->threads < 1) {
+        fprintf(stderr, "loom-stress: --threads needs at least 1\n");
+        return kExitUsage;
+      }
     } else if (a == "--progress") {
       o->progress_s = number(value());
     } else if (a == "--self-test-corrupt") {
@@ -820,19 +888,11 @@ int parse_args(int argc, char** argv, Options* o) {
 
 std::string mib(uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
 
-int main_impl(int argc, char** argv) {
-  static Run run;
+// One rank's whole run on its world communicator.
+int rank_main(const Options& opt, Comm& c) {
+  Run run;
+  run.opt = opt;
   g_run = &run;
-  if (int rc = parse_args(argc, argv, &run.opt)) return rc;
-  Config cfg;
-  cfg.name = "stress";
-  cfg.timeout_s = run.opt.timeout_s;
-  Result<std::unique_ptr<Comm>> comm = Comm::init_from_env(cfg);
-  if (!comm.is_ok()) {
-    fprintf(stderr, "loom-stress: init failed: %s\n", comm.status().to_string().c_str());
-    return kExitOpFailed;
-  }
-  Comm& c = **comm;
   run.world_rank = c.rank();
   run.world_n = c.size();
   run.start = run.last_progress = Clock::now();
@@ -867,12 +927,38 @@ int main_impl(int argc, char** argv) {
     printf("loom-stress: %llu splits, %llu async batches, %llu steps with caller_waits, %s of output checked on rank 0\n",
            static_cast<unsigned long long>(run.st.splits), static_cast<unsigned long long>(run.st.async_batches),
            static_cast<unsigned long long>(run.st.caller_waits_steps), mib(run.st.bytes_checked).c_str());
-    printf("loom-stress: PASS seed %llu, %d ranks: %llu ops (+%llu in split communicators) in %.1f s, wrong 0\n",
-           static_cast<unsigned long long>(run.opt.seed), run.world_n, static_cast<unsigned long long>(run.st.world_ops),
+    printf("loom-stress: PASS seed %llu, %d ranks%s: %llu ops (+%llu in split communicators) in %.1f s, wrong 0\n",
+           static_cast<unsigned long long>(run.opt.seed), run.world_n, run.opt.threads > 0 ? " (threads)" : "",
+           static_cast<unsigned long long>(run.st.world_ops),
            static_cast<unsigned long long>(run.st.child_ops), secs);
     fflush(stdout);
   }
   return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  Options opt;
+  if (int rc = parse_args(argc, argv, &opt)) return rc;
+  Config cfg;
+  cfg.name = "stress";
+  cfg.timeout_s = opt.timeout_s;
+  if (opt.threads > 0) {
+    Result<std::vector<std::unique_ptr<Comm>>> comms = Comm::init_all(opt.threads, cfg);
+    if (!comms.is_ok()) {
+      fprintf(stderr, "loom-stress: init_all failed: %s\n", comms.status().to_string().c_str());
+      return kExitOpFailed;
+    }
+    std::vector<std::thread> ranks;
+    for (auto& c : *comms) ranks.emplace_back([&opt, comm = c.get()] { (void)rank_main(opt, *comm); });
+    for (auto& t : ranks) t.join();
+    return 0;  // a failing rank ends the process with its code
+  }
+  Result<std::unique_ptr<Comm>> comm = Comm::init_from_env(cfg);
+  if (!comm.is_ok()) {
+    fprintf(stderr, "loom-stress: init failed: %s\n", comm.status().to_string().c_str());
+    return kExitOpFailed;
+  }
+  return rank_main(opt, **comm);
 }
 
 }  // namespace

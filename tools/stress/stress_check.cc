@@ -35,7 +35,7 @@ Alloc::~Alloc() {
 }
 
 BufferPool& pool() {
-  static BufferPool p;
+  thread_local BufferPool p;  // one per rank (ranks are threads with --threads)
   return p;
 }
 

@@ -232,6 +232,7 @@ Step make_step(uint64_t seed, uint64_t step_index, int nranks, const GenOptions&
     }
     s.child_seed = r.next();
     s.child_steps = 1 + static_cast<int>(r.below(8));
+    s.interleave = r.chance(0.5);
     return s;
   }
   s.async = g.async && r.chance(0.4);
@@ -239,7 +240,15 @@ Step make_step(uint64_t seed, uint64_t step_index, int nranks, const GenOptions&
   // An async batch holds every op's buffers at once: keep it within 4x the cap.
   const size_t op_max = nops <= 4 ? g.max_bytes : g.max_bytes * 4 / static_cast<size_t>(nops);
   for (int i = 0; i < nops; ++i) {
-    s.ops.push_back(gen_op(r, nranks, g, op_max));
+    const Op* prev = i > 0 ? &s.ops.back() : nullptr;
+    if (prev && !prev->group && prev->kind != Kind::kSendRecv && r.chance(0.15)) {
+      Op t = *prev;
+      t.twin = true;
+      t.parts[0].in_place = t.parts[0].mixed_place = false;
+      s.ops.push_back(t);
+    } else {
+      s.ops.push_back(gen_op(r, nranks, g, op_max));
+    }
     s.ops.back().index = first_op + static_cast<uint64_t>(i);
   }
   return s;
@@ -264,7 +273,9 @@ std::string describe(const Part& p) {
 }
 
 std::string describe(const Op& op) {
-  if (!op.group || op.kind != Kind::kGroup) return describe(op.parts[0]) + (op.nested ? " (nested group)" : "");
+  if (!op.group || op.kind != Kind::kGroup)
+    return describe(op.parts[0]) + (op.nested ? " (nested group)" : "") +
+           (op.twin ? " (twin of the op before: may share its send buffer)" : "");
   std::string s = op.nested ? "group (nested) [" : "group [";
   for (size_t i = 0; i < op.parts.size(); ++i) s += (i ? "; " : "") + describe(op.parts[i]);
   return s + "]";

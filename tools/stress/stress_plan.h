@@ -95,6 +95,10 @@ struct Op {
   std::vector<Part> parts;
   bool group = false;   // issued between group_start/group_end
   bool nested = false;  // ... with a nested inner group_start/group_end
+  // The same collective as the op before it in an async batch, out of place:
+  // a rank may pass the earlier op's send buffer again (two ops in flight
+  // read one buffer, as NCCL allows).
+  bool twin = false;
 };
 
 struct Step {
@@ -107,6 +111,7 @@ struct Step {
   std::vector<int> colors, keys;
   uint64_t child_seed = 0;
   int child_steps = 0;
+  bool interleave = false;  // a parent step after each child step
   uint64_t op_index = 0;  // the op index the split step takes
 };
 
