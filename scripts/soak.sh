@@ -76,11 +76,15 @@ while (( $(date +%s) < end )); do
   left=$(( end - $(date +%s) )); secs=$(( left < RUN_SECONDS ? (left > 5 ? left : 5) : RUN_SECONDS ))
   envs=(LOOM_TRANSPORT=$transport LOOM_SOCKET_IFNAME=lo LOOM_TIMEOUT=120 $knobs)
   [[ -n $algo ]] && envs+=("LOOM_ALGO=$algo")
+  # One run in seven: the ranks as threads of one process (Comm::init_all:
+  # single copy between threads, shared mappings).
+  launch=($BIN/loomrun -n "$n" -- $BIN/loom-stress); mode=procs
+  (( i % 7 == 5 )) && { launch=($BIN/loom-stress --threads "$n"); mode=threads; }
   log=$LOGDIR/run-$seed.log
-  printf 'soak: seed %s  %d ranks  %-6s %-60s %s\n' "$seed" "$n" "$transport" "$knobs" "${algo:-(tuner)}"
-  { echo "env: ${envs[*]}"; echo "cmd: $BIN/loomrun -n $n -- $BIN/loom-stress --seed $seed --seconds $secs --max-bytes $maxb"; } >"$log"
+  printf 'soak: seed %s  %d %-7s %-6s %-60s %s\n' "$seed" "$n" "$mode" "$transport" "$knobs" "${algo:-(tuner)}"
+  { echo "env: ${envs[*]}"; echo "cmd: ${launch[*]} --seed $seed --seconds $secs --max-bytes $maxb"; } >"$log"
   timeout $(( secs + 300 )) env "${envs[@]}" LOOM_DEBUG=WARN \
-    $BIN/loomrun -n "$n" -- $BIN/loom-stress --seed "$seed" --seconds "$secs" --max-bytes "$maxb" --progress 0 >>"$log" 2>&1
+    "${launch[@]}" --seed "$seed" --seconds "$secs" --max-bytes "$maxb" --progress 0 >>"$log" 2>&1
   rc=$?
   runs=$(( runs + 1 ))
   if (( rc != 0 )); then
