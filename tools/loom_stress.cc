@@ -189,7 +189,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prep
   };
   auto input = [&](size_t len_elems, uint64_t index0) {
     auto a = get(len_elems * es, poison);
-    fill_input(a->data(), len_elems, p.dt, fill_op, me, n, index0);
+    fill_input(a->data(), len_elems, p.dt, fill_op, p.scheme, me, n, index0);
     return a;
   };
   // An out-of-place op's input: the twin's send buffer (same data) or a new one.
@@ -259,7 +259,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prep
       std::shared_ptr<Alloc> out;
       if (in_place) {
         out = get(nb * bytes, poison);
-        fill_input(out->data() + static_cast<size_t>(me) * bytes, count, p.dt, fill_op, me, n, salt);
+        fill_input(out->data() + static_cast<size_t>(me) * bytes, count, p.dt, fill_op, p.scheme, me, n, salt);
         pr.send = out->data() + static_cast<size_t>(me) * bytes;
         pr.bufs = "buf " + out->name();
       } else {
@@ -278,7 +278,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prep
     case Collective::kBroadcast:
       if (in_place) {
         auto a = get(bytes, poison);
-        if (me == p.root) fill_input(a->data(), count, p.dt, fill_op, me, n, salt);
+        if (me == p.root) fill_input(a->data(), count, p.dt, fill_op, p.scheme, me, n, salt);
         pr.send = pr.recv = a->data();
         pr.regions.push_back(copied(a, 0, bytes, true, "output", p.dt, fill_op, p.root, n, salt));
         pr.bufs = "buf " + a->name();
@@ -357,6 +357,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prep
     case Collective::kSendRecv: break;
   }
   if (shared_input) pr.bufs += " (send buffer shared with the op before)";
+  for (Region& r : pr.regions) r.scheme = p.scheme;
   return pr;
 }
 
@@ -372,7 +373,7 @@ Prepared prepare_p2p(const Part& p, int me, int n, Rng& local) {
     const Transfer& x = p.xfers[t];
     if (x.src != me) continue;
     auto a = pool().get(x.count * dtype_size(x.send_dt), local, poison);
-    fill_input(a->data(), x.count, x.send_dt, RedOp::kSum, me, n, x.salt);
+    fill_input(a->data(), x.count, x.send_dt, RedOp::kSum, p.scheme, me, n, x.salt);
     send_alloc[t] = a;
     pr.allocs.push_back(a);
     pr.calls.push_back({true, t, a->data(), x.count, x.send_dt, x.dst});
@@ -421,6 +422,7 @@ Prepared prepare_p2p(const Part& p, int me, int n, Rng& local) {
                         std::count_if(c.begin(), c.end(), [](auto& x) { return !x.is_send; }),
                         alias ? ", aliased" : "");
   for (const auto& a : pr.allocs) pr.bufs += " " + a->name();
+  for (Region& r : pr.regions) r.scheme = p.scheme;
   return pr;
 }
 

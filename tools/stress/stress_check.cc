@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -146,9 +147,87 @@ std::string check_guards(const Alloc& a) {
   return "";
 }
 
-void fill_input(std::byte* p, size_t count, DataType dt, RedOp op, int rank, int nranks, uint64_t index0) {
-  verifiable::fill(p, count, dt, op, rank, nranks, index0);
+namespace {
+
+uint64_t hash2(uint64_t a, uint64_t b) {
+  Rng r(a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull));
+  return r.next();
 }
+
+bool is_unsigned(DataType dt) {
+  return dt == DataType::kUint8 || dt == DataType::kUint32 || dt == DataType::kUint64;
+}
+
+// The largest integer every result of dt holds exactly (and within range).
+double exact_limit(DataType dt) {
+  switch (dt) {
+    case DataType::kInt8: return 127;
+    case DataType::kUint8: return 255;
+    case DataType::kInt32: return 2147483647.0;
+    case DataType::kUint32: return 4294967295.0;
+    case DataType::kInt64:
+    case DataType::kUint64:
+    case DataType::kFloat64: return 9007199254740992.0;  // 2^53: exact in the checker's double too
+    case DataType::kFloat32: return 16777216.0;
+    case DataType::kFloat16: return 2048;
+    case DataType::kBfloat16: return 256;
+    case DataType::kFp8E4M3: return 16;
+    case DataType::kFp8E5M2: return 8;
+  }
+  return 0;
+}
+
+double hash_value(DataType dt, RedOp op, int nranks, int rank, uint64_t index) {
+  const uint64_t b = static_cast<uint64_t>(hash_bound(dt, op, nranks));
+  const uint64_t h = hash2(static_cast<uint64_t>(rank) + 1, index);
+  if (is_unsigned(dt)) return static_cast<double>(h % (b + 1));
+  return static_cast<double>(h % (2 * b + 1)) - static_cast<double>(b);
+}
+
+double hash_expected(DataType dt, RedOp op, int nranks, uint64_t index) {
+  double acc = hash_value(dt, op, nranks, 0, index);
+  for (int r = 1; r < nranks; ++r) {
+    const double v = hash_value(dt, op, nranks, r, index);
+    acc = op == RedOp::kSum ? acc + v : op == RedOp::kMax ? std::max(acc, v) : std::min(acc, v);
+  }
+  return acc;
+}
+
+}  // namespace
+
+double hash_bound(DataType dt, RedOp op, int nranks) {
+  if (op == RedOp::kMax || op == RedOp::kMin) return std::floor(exact_limit(dt));
+  if (op != RedOp::kSum || nranks < 1) return 0;
+  // Partial sums of up to nranks inputs of magnitude <= b stay within the limit.
+  return std::floor(exact_limit(dt) / nranks);
+}
+
+void fill_input(std::byte* p, size_t count, DataType dt, RedOp op, Scheme scheme, int rank, int nranks,
+                uint64_t index0) {
+  switch (scheme) {
+    case Scheme::kVerifiable: verifiable::fill(p, count, dt, op, rank, nranks, index0); return;
+    case Scheme::kHashBytes: {
+      const size_t es = dtype_size(dt);
+      for (size_t e = 0; e < count; ++e) {
+        const uint64_t h = hash2(static_cast<uint64_t>(rank) + 1, index0 + e);
+        std::memcpy(p + e * es, &h, es);  // little-endian: the low es bytes
+      }
+      return;
+    }
+    case Scheme::kHashValues:
+      for (size_t e = 0; e < count; ++e)
+        kernels::store_element(p, e, dt, hash_value(dt, op, nranks, rank, index0 + e));
+      return;
+  }
+}
+
+namespace {
+std::string hex(const std::byte* p, size_t n) {
+  std::string s = "0x";
+  for (size_t i = n; i-- > 0;) s += fmt::format("{:02x}", static_cast<unsigned>(p[i]));
+  return s;
+}
+}  // namespace
 
 std::string check_region(const Region& r) {
   const std::byte* p = r.alloc->data() + r.off;
@@ -166,23 +245,39 @@ std::string check_region(const Region& r) {
       const size_t count = r.bytes / es;
       thread_local std::vector<std::byte> want;
       want.resize(std::max<size_t>(r.bytes, 1));
-      fill_input(want.data(), count, r.dt, r.op, r.src, r.nranks, r.index0);
+      fill_input(want.data(), count, r.dt, r.op, r.scheme, r.src, r.nranks, r.index0);
       if (std::memcmp(p, want.data(), r.bytes) == 0) return "";
       size_t wrong = 0, first = 0;
       for (size_t e = 0; e < count; ++e)
         if (std::memcmp(p + e * es, want.data() + e * es, es) != 0 && wrong++ == 0) first = e;
-      return fmt::format("element {} (byte {}): got {} want {} (rank {}'s input, index {}); {} wrong element(s) of {}",
-                         first, first * es, kernels::load_element(p, first, r.dt),
-                         kernels::load_element(want.data(), first, r.dt), r.src, r.index0 + first, wrong, count);
+      // Where the wrong bytes came from, when they are some rank's input
+      // elsewhere (a misplaced block): look for them near the expected index.
+      std::string origin;
+      if (r.scheme == Scheme::kHashBytes && es >= 4) {
+        std::vector<std::byte> probe(es);
+        for (int src = 0; src < std::max(r.nranks, 1) && origin.empty(); ++src)
+          for (int64_t d = -65536; d <= 65536 && origin.empty(); ++d) {
+            const int64_t idx = static_cast<int64_t>(r.index0 + first) + d;
+            if (idx < 0) continue;
+            fill_input(probe.data(), 1, r.dt, r.op, r.scheme, src, r.nranks, static_cast<uint64_t>(idx));
+            if (std::memcmp(probe.data(), p + first * es, es) == 0)
+              origin = fmt::format(" = rank {}'s element at index {} ({:+d})", src, idx, d);
+          }
+      }
+      return fmt::format("element {} (byte {}): got {}{} want {} (rank {}'s input at index {}, {}); {} wrong element(s) of {}",
+                         first, first * es, hex(p + first * es, es), origin, hex(want.data() + first * es, es), r.src,
+                         r.index0 + first, scheme_name(r.scheme), wrong, count);
     }
     case Region::Type::kReduced: {
       const size_t es = dtype_size(r.dt);
       const size_t count = r.bytes / es;
-      const std::vector<double>& period = expected_period(r.dt, r.op, r.nranks);
+      const std::vector<double>* period =
+          r.scheme == Scheme::kVerifiable ? &expected_period(r.dt, r.op, r.nranks) : nullptr;
       size_t wrong = 0, first = 0;
       double got0 = 0, want0 = 0;
       for (size_t e = 0; e < count; ++e) {
-        const double want = period[(r.index0 + e) % period.size()];
+        const double want = period ? (*period)[(r.index0 + e) % period->size()]
+                                   : hash_expected(r.dt, r.op, r.nranks, r.index0 + e);
         const double got = kernels::load_element(p, e, r.dt);
         if (got != want && wrong++ == 0) {
           first = e;
@@ -191,8 +286,8 @@ std::string check_region(const Region& r) {
         }
       }
       if (!wrong) return "";
-      return fmt::format("element {} (byte {}): got {} want {} (reduction over {} ranks, index {}); {} wrong element(s) of {}",
-                         first, first * es, got0, want0, r.nranks, r.index0 + first, wrong, count);
+      return fmt::format("element {} (byte {}): got {} want {} (reduction over {} ranks, index {}, {}); {} wrong element(s) of {}",
+                         first, first * es, got0, want0, r.nranks, r.index0 + first, scheme_name(r.scheme), wrong, count);
     }
   }
   return "";

@@ -66,6 +66,7 @@ struct Region {
   int nranks = 1;
   int src = 0;
   uint64_t index0 = 0;
+  Scheme scheme = Scheme::kVerifiable;
   uint8_t fill = 0;
   bool output = false;  // written by the op (else: must be unchanged)
   std::string what;
@@ -76,7 +77,12 @@ struct Region {
 std::string check_region(const Region& r);
 // "" when both guard zones are intact, else which byte changed.
 std::string check_guards(const Alloc& a);
-// Writes the closed-form input of (dt, op, rank, nranks, index0) at p.
-void fill_input(std::byte* p, size_t count, DataType dt, RedOp op, int rank, int nranks, uint64_t index0);
+// Writes the input of `rank` for elements index0 .. index0 + count - 1 at p.
+void fill_input(std::byte* p, size_t count, DataType dt, RedOp op, Scheme scheme, int rank, int nranks,
+                uint64_t index0);
+// kHashValues: the largest magnitude of an input such that every partial
+// sum (max, min: every value) of nranks inputs is exact in dt; < 1 when the
+// scheme cannot serve (dt, op, nranks).
+double hash_bound(DataType dt, RedOp op, int nranks);
 
 }  // namespace loom::stress

@@ -1,5 +1,7 @@
 #include "stress/stress_plan.h"
 
+#include "stress/stress_check.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -75,12 +77,18 @@ Part gen_collective(Rng& r, Collective coll, int nranks, size_t max_bytes) {
   p.in_place = r.chance(0.35);
   p.mixed_place = nranks > 1 && r.chance(0.15);
   p.salt = r.below(uint64_t{1} << 24);
+  if (!p.reduces()) {
+    p.scheme = Scheme::kHashBytes;
+  } else if (hash_bound(p.dt, p.op, nranks) >= 1 && r.chance(0.8)) {
+    p.scheme = Scheme::kHashValues;
+  }
   return p;
 }
 
 Part gen_p2p(Rng& r, int nranks, size_t max_bytes, bool allow_lone) {
   Part p;
   p.coll = Collective::kSendRecv;
+  p.scheme = Scheme::kHashBytes;
   p.salt = r.below(uint64_t{1} << 24);
   const int n = nranks;
   std::vector<std::pair<int, int>> pairs;
@@ -180,6 +188,15 @@ Op gen_op(Rng& r, int nranks, const GenOptions& g, size_t max_bytes) {
 
 }  // namespace
 
+const char* scheme_name(Scheme s) {
+  switch (s) {
+    case Scheme::kVerifiable: return "verifiable";
+    case Scheme::kHashBytes: return "hashed bytes";
+    case Scheme::kHashValues: return "hashed values";
+  }
+  return "?";
+}
+
 const char* kind_name(Kind k) {
   const int i = static_cast<int>(k);
   return i >= 0 && i < kNumKinds ? kKindNames[i] : "invalid";
@@ -269,7 +286,7 @@ std::string describe(const Part& p) {
   s += fmt::format(" count {} ({} B)", p.count, p.count * dtype_size(p.dt));
   if (p.coll == Collective::kBroadcast || p.coll == Collective::kReduce) s += fmt::format(" root {}", p.root);
   s += p.mixed_place ? " in-place per rank" : p.in_place ? " in place" : " out of place";
-  return s + fmt::format(" salt {}", p.salt);
+  return s + fmt::format(" salt {} data {}", p.salt, scheme_name(p.scheme));
 }
 
 std::string describe(const Op& op) {

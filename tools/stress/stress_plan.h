@@ -64,6 +64,17 @@ struct Transfer {
   uint64_t salt = 0;
 };
 
+// How an op's data is made (stress_check.h):
+// - kVerifiable: perf-tests/verifiable.h, exact for every op (prod and avg
+//   included) but of period 5 in rank and index for sums, so a block landing
+//   5 or 60 elements off, or from rank r+5, can read as right;
+// - kHashBytes: every byte a hash of (source rank, element index), for the
+//   collectives that only copy (any misplaced byte shows);
+// - kHashValues: for sum / max / min, integers hashed from (rank, index) in a
+//   range where every partial result is exact in the type.
+enum class Scheme { kVerifiable, kHashBytes, kHashValues };
+const char* scheme_name(Scheme s);
+
 // One collective (or one set of transfers) as every rank issues it.
 struct Part {
   Collective coll = Collective::kAllReduce;
@@ -78,6 +89,7 @@ struct Part {
   // Added to every element index of the closed-form data, so consecutive
   // ops carry different values (stale data from an earlier op shows).
   uint64_t salt = 0;
+  Scheme scheme = Scheme::kVerifiable;
   // kSendRecv: the transfers; grouped = inside group_start/group_end, else a
   // single send and its recv issued as plain ops (then exactly one transfer,
   // src != dst).
