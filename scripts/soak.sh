@@ -7,10 +7,14 @@
 #
 #   scripts/soak.sh [minutes]        (default 30; needs build/ from scripts/build.sh)
 #   RUN_SECONDS=60 SEED0=1000 LOGDIR=/tmp/soak STOP_ON_FAIL=1 scripts/soak.sh 10
+#   SOAK_RANKS="6 8 12 16" SOAK_EXTRA_ENV="LOOM_SHM_SLOTS=0" scripts/soak.sh 20
 #
 # A failing run's log is kept in LOGDIR with its environment and replay line;
 # the script exits non-zero when any run failed or a /dev/shm segment was left.
 set -uo pipefail
+# The whole script is one command list, read before it runs: editing or
+# rebuilding while a soak runs cannot change what this one executes.
+{
 cd "$(dirname "$0")/.."
 MINUTES=${1:-30}
 RUN_SECONDS=${RUN_SECONDS:-45}
@@ -21,7 +25,7 @@ BIN=build/bin
 [[ -x $BIN/loom-stress && -x $BIN/loomrun ]] || { echo "soak.sh: build first (scripts/build.sh)" >&2; exit 2; }
 mkdir -p "$LOGDIR"
 
-RANKS=(2 3 4 5 6 8 2 3 4)
+read -r -a RANKS <<<"${SOAK_RANKS:-2 3 4 5 6 8 2 3 4}"
 # Each collective's algorithms (src/algorithms/algorithms.cc), several per
 # spec; "" = the tuner's choice. A forced algorithm that cannot serve a call
 # falls back to the tuner with a warning.
@@ -57,7 +61,7 @@ SOCK_KNOBS=(
   "LOOM_SOCKET_DIRECT_BYTES=0"
 )
 
-end=$(( $(date +%s) + MINUTES * 60 ))
+end=$(( $(date +%s) + ${MINUTES%.*} * 60 ))
 i=0; runs=0; failed=0
 echo "soak: ${MINUTES} min, ${RUN_SECONDS} s per run, seeds from $SEED0, logs in $LOGDIR"
 while (( $(date +%s) < end )); do
@@ -74,7 +78,7 @@ while (( $(date +%s) < end )); do
   # Large buffers now and then; mostly the sizes up to 1 MiB where the paths change.
   maxb=1M; (( i % 5 == 4 )) && maxb=4M
   left=$(( end - $(date +%s) )); secs=$(( left < RUN_SECONDS ? (left > 5 ? left : 5) : RUN_SECONDS ))
-  envs=(LOOM_TRANSPORT=$transport LOOM_SOCKET_IFNAME=lo LOOM_TIMEOUT=120 $knobs)
+  envs=(LOOM_TRANSPORT=$transport LOOM_SOCKET_IFNAME=lo LOOM_TIMEOUT=120 $knobs ${SOAK_EXTRA_ENV:-})
   [[ -n $algo ]] && envs+=("LOOM_ALGO=$algo")
   # One run in seven: the ranks as threads of one process (Comm::init_all:
   # single copy between threads, shared mappings).
@@ -101,3 +105,5 @@ done
 left_segments=$(ls /dev/shm 2>/dev/null | grep -c '^loom-' || true)
 echo "soak: $runs runs, $failed failed; /dev/shm loom-* segments now: $left_segments (logs: $LOGDIR)"
 (( failed == 0 && left_segments == 0 ))
+exit
+}
