@@ -64,6 +64,7 @@ struct Stats {
   std::array<uint64_t, kNumKinds> ops_by_kind{};
   std::array<uint64_t, kNumCollectives> parts_by_coll{};
   uint64_t world_ops = 0, child_ops = 0, splits = 0, async_batches = 0, caller_waits_steps = 0;
+  uint64_t overlapped = 0, destroyed_in_flight = 0;  // child batches in flight across a parent step / a destroy
   uint64_t bytes_checked = 0;
 };
 
@@ -573,19 +574,37 @@ void progress(Run& run) {
 
 void run_steps(Run& run, Level& lv, uint64_t first_step, uint64_t nsteps, bool world);
 
-void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index, const std::string& label_prefix) {
-  Rng local(local_seed(lv.seed, step_index, lv.rank));
+// A batch issued and not yet waited for (start_batch, finish_batch): a
+// split child's batch stays in flight while the parent runs a step.
+struct Pending {
+  Step step;
+  Rng local{0};
+  bool caller_waits = false;
+  std::vector<Issued> batch;
+};
+
+// Prepares and issues the step's ops (a blocking step also waits for each).
+// no_caller_waits: this rank must not promise to wait at once (another
+// communicator's step runs before these ops are waited for).
+std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t step_index, bool no_caller_waits) {
+  auto pend = std::make_unique<Pending>();
+  pend->step = std::move(step);
+  const Step& s = pend->step;
+  pend->local = Rng(local_seed(lv.seed, step_index, lv.rank));
+  Rng& local = pend->local;
   Comm& c = *lv.comm;
-  const bool caller_waits = local.chance(0.3);
+  const bool caller_waits = local.chance(0.3) && !no_caller_waits;
+  pend->caller_waits = caller_waits;
   c.set_caller_waits(caller_waits);
   run.st.caller_waits_steps += caller_waits;
   run.st.async_batches += s.async;
-  std::vector<Issued> batch(s.ops.size());
+  std::vector<Issued>& batch = pend->batch;
+  batch.resize(s.ops.size());
   const size_t k = batch.size();
   for (size_t i = 0; i < k; ++i) {
     Issued& is = batch[i];
     is.op = &s.ops[i];
-    is.label = label_prefix + fmt::format("op #{}", is.op->index);
+    is.label = fmt::format("op #{}", is.op->index);
     const Prepared* twin = is.op->twin ? &batch[i - 1].parts[0] : nullptr;
     for (const Part& p : is.op->parts)
       is.parts.push_back(p.coll == Collective::kSendRecv ? prepare_p2p(p, lv.rank, lv.n, local)
@@ -602,7 +621,18 @@ void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index, const st
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}", status_str(st), op_context(lv, is, i, k, false)));
     }
   }
-  std::string waits = caller_waits ? "caller waits; " : "";
+  return pend;
+}
+
+// Waits for the batch's ops (an async batch in this rank's chosen order and
+// manner) and checks every one.
+void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_wait) {
+  const Step& s = pend.step;
+  Rng& local = pend.local;
+  const bool caller_waits = pend.caller_waits;
+  std::vector<Issued>& batch = pend.batch;
+  const size_t k = batch.size();
+  std::string waits = before_wait + (caller_waits ? "caller waits; " : "");
   if (s.async) {
     std::vector<size_t> order(k);
     std::iota(order.begin(), order.end(), 0);
@@ -667,6 +697,19 @@ void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index, const st
   progress(run);
 }
 
+void run_batch(Run& run, Level& lv, const Step& s, uint64_t step_index) {
+  std::unique_ptr<Pending> pend = start_batch(run, lv, s, step_index, false);
+  finish_batch(run, lv, *pend, "");
+}
+
+// Step `index` of a level's plan (the op numbers of the steps before it
+// are counted by generating them).
+Step step_at(const Level& lv, uint64_t index) {
+  uint64_t op_index = 0;
+  for (uint64_t i = 0; i < index; ++i) op_index += ops_in(make_step(lv.seed, i, lv.n, lv.gen, op_index));
+  return make_step(lv.seed, index, lv.n, lv.gen, op_index);
+}
+
 void run_split(Run& run, Level& lv, const Step& s) {
   Comm& c = *lv.comm;
   const int color = s.colors[lv.rank], key = s.keys[lv.rank];
@@ -710,14 +753,40 @@ void run_split(Run& run, Level& lv, const Step& s) {
     sub.split_op = parent.split_op;
     sub.where = fmt::format("{}in split op #{} color {} (rank {}/{}): ", lv.where, s.op_index, color, sub.rank, sub.n);
   }
-  for (int j = 0; j < s.child_steps; ++j) {
-    if (sub.comm) run_steps(run, sub, static_cast<uint64_t>(j), 1, false);
-    if (s.interleave) run_steps(run, parent, static_cast<uint64_t>(j), 1, false);
-  }
-  if (sub.comm) {
+  // With s.overlap, the child's batch is still in flight during the
+  // parent's step (each communicator has its engine), and after the last
+  // one a rank may destroy the child before it waits (destroy waits for
+  // queued ops; their Work handles must still tell how they ended).
+  Rng local(mix(local_seed(lv.seed, s.op_index, lv.rank), 0x73706c6974ull));
+  bool destroyed = false;
+  auto destroy = [&] {
     Status st = (*child)->destroy();
     if (!st.is_ok()) fail(kExitOpFailed, fmt::format("{}: destroying the child failed: {}", what, status_str(st)));
+    destroyed = true;
+  };
+  for (int j = 0; j < s.child_steps; ++j) {
+    const uint64_t step = static_cast<uint64_t>(j);
+    std::unique_ptr<Pending> pend;
+    std::string before_wait;
+    if (sub.comm) {
+      Step cs = step_at(sub, step);
+      if (s.overlap && cs.type == Step::Type::kBatch) {
+        pend = start_batch(run, sub, std::move(cs), step, true);
+        run.st.overlapped += s.interleave && pend->step.async;
+        before_wait = s.interleave ? "the parent ran a step before these were waited for; " : "";
+        if (j == s.child_steps - 1 && local.chance(0.3)) {
+          destroy();
+          ++run.st.destroyed_in_flight;
+          before_wait += "the child was destroyed before they were waited for; ";
+        }
+      } else {
+        run_steps(run, sub, step, 1, false);
+      }
+    }
+    if (s.interleave) run_steps(run, parent, step, 1, false);
+    if (pend) finish_batch(run, sub, *pend, before_wait);
   }
+  if (sub.comm && !destroyed) destroy();
 }
 
 // Every rank's op count must agree at the end (else the ranks diverged).
@@ -761,7 +830,7 @@ void run_steps(Run& run, Level& lv, uint64_t first_step, uint64_t nsteps, bool w
       run_split(run, lv, s);
       if (world) ++run.st.world_ops;
     } else {
-      run_batch(run, lv, s, step, "");
+      run_batch(run, lv, s, step);
     }
     op_index += ops_in(s);
   }
@@ -926,8 +995,11 @@ int rank_main(const Options& opt, Comm& c) {
     for (int k = 0; k < kNumKinds; ++k)
       per += fmt::format("{}{} {}", k ? ", " : "", kind_name(static_cast<Kind>(k)), run.st.ops_by_kind[k]);
     printf("loom-stress: ops by kind (rank 0, world and split children): %s\n", per.c_str());
-    printf("loom-stress: %llu splits, %llu async batches, %llu steps with caller_waits, %s of output checked on rank 0\n",
-           static_cast<unsigned long long>(run.st.splits), static_cast<unsigned long long>(run.st.async_batches),
+    printf("loom-stress: %llu splits (%llu child batches in flight across a parent step, %llu across the child's destroy), "
+           "%llu async batches, %llu steps with caller_waits, %s of output checked on rank 0\n",
+           static_cast<unsigned long long>(run.st.splits), static_cast<unsigned long long>(run.st.overlapped),
+           static_cast<unsigned long long>(run.st.destroyed_in_flight),
+           static_cast<unsigned long long>(run.st.async_batches),
            static_cast<unsigned long long>(run.st.caller_waits_steps), mib(run.st.bytes_checked).c_str());
     printf("loom-stress: PASS seed %llu, %d ranks%s: %llu ops (+%llu in split communicators) in %.1f s, wrong 0\n",
            static_cast<unsigned long long>(run.opt.seed), run.world_n, run.opt.threads > 0 ? " (threads)" : "",

@@ -124,6 +124,7 @@ struct Step {
   uint64_t child_seed = 0;
   int child_steps = 0;
   bool interleave = false;  // a parent step after each child step
+  bool overlap = false;     // ... while the child's step is still in flight
   uint64_t op_index = 0;  // the op index the split step takes
 };
 
