@@ -127,6 +127,7 @@ struct Prepared {
   std::vector<P2pCall> calls;  // in this rank's issue order
   std::string bufs;            // "send heap+3, recv mem_alloc"
   std::shared_ptr<Alloc> input;  // an out-of-place collective's send buffer
+  bool input_shared = false;     // ... also another op's (twin ops)
 };
 
 uint8_t poison_byte(Rng& local) {
@@ -358,6 +359,7 @@ Prepared prepare_collective(const Part& p, int me, int n, Rng& local, const Prep
     case Collective::kSendRecv: break;
   }
   if (shared_input) pr.bufs += " (send buffer shared with the op before)";
+  pr.input_shared = shared_input;
   for (Region& r : pr.regions) r.scheme = p.scheme;
   return pr;
 }
@@ -431,6 +433,7 @@ Prepared prepare_p2p(const Part& p, int me, int n, Rng& local) {
 
 struct Issued {
   const Op* op = nullptr;
+  bool scribble = false;  // overwrite its inputs as soon as its wait returns
   std::vector<Prepared> parts;
   Work work;
   bool has_work = false;
@@ -574,6 +577,32 @@ void progress(Run& run) {
 
 void run_steps(Run& run, Level& lv, uint64_t first_step, uint64_t nsteps, bool world);
 
+// Once an op's wait has returned its buffers are the caller's again: a
+// send buffer may be rewritten at once. Checks that the inputs are still
+// intact, then overwrites them; a peer still reading them (a single-copy
+// read or a mapping not yet done) would now get the new bytes, and the
+// final check expects exactly those new bytes (no late writes either).
+// Buffers that hold an output or that another op of the batch reads stay.
+std::string scribble_inputs(Issued& is) {
+  for (Prepared& pr : is.parts) {
+    if (pr.input_shared) continue;
+    for (Region& r : pr.regions) {
+      if (r.output || r.type == Region::Type::kFill || r.bytes == 0) continue;
+      bool holds_output = false;
+      for (const Prepared& q : is.parts)
+        for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
+      if (holds_output) continue;
+      std::string bad = check_region(r);
+      if (!bad.empty()) return fmt::format("{} ({}), checked as its wait returned: {}", r.what, r.alloc->name(), bad);
+      std::memset(r.alloc->data() + r.off, 0xee, r.bytes);
+      r.type = Region::Type::kFill;
+      r.fill = 0xee;
+      r.what += " (overwritten by this rank once its wait returned)";
+    }
+  }
+  return "";
+}
+
 // A batch issued and not yet waited for (start_batch, finish_batch): a
 // split child's batch stays in flight while the parent runs a step.
 struct Pending {
@@ -609,6 +638,8 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
     for (const Part& p : is.op->parts)
       is.parts.push_back(p.coll == Collective::kSendRecv ? prepare_p2p(p, lv.rank, lv.n, local)
                                                          : prepare_collective(p, lv.rank, lv.n, local, twin));
+    if (twin && is.parts[0].input_shared) batch[i - 1].parts[0].input_shared = true;
+    is.scribble = local.chance(0.5);
     if (run.world_rank == 0) run.current = lv.where + is.label + ": " + describe(*is.op);
     if (run.opt.verbose >= 2 || (run.opt.verbose == 1 && run.world_rank == 0)) {
       printf("%s%s\n", caller_waits ? "(caller waits) " : "", op_context(lv, is, i, k, s.async).c_str());
@@ -619,6 +650,12 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
       Status st = is.work.wait();
       if (!st.is_ok())
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}", status_str(st), op_context(lv, is, i, k, false)));
+    }
+    if (!s.async && is.scribble) {
+      const std::string bad = scribble_inputs(is);
+      if (!bad.empty())
+        fail(kExitWrong, fmt::format("wrong data in the {}\n  op: {}\n  {}", bad, op_context(lv, is, i, k, false),
+                                     replay(lv.where.empty() ? is.op->index : lv.split_op)));
     }
   }
   return pend;
@@ -661,6 +698,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     waits += "waited in order";
     for (size_t i : order) waits += fmt::format(" {}", i + 1);
     std::vector<Status> result(k, Status::ok());
+    std::vector<std::string> scribbled(k);
     auto wait_one = [&](size_t i) {
       if (!batch[i].has_work) return;
       if (style == Style::kTimed) {
@@ -671,6 +709,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
       } else {
         result[i] = batch[i].work.wait();
       }
+      if (result[i].is_ok() && batch[i].scribble) scribbled[i] = scribble_inputs(batch[i]);
     };
     if (style == Style::kHelper) {
       std::thread helper([&] {
@@ -681,10 +720,15 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     } else {
       for (size_t i : order) wait_one(i);
     }
-    for (size_t i : order)
+    for (size_t i : order) {
       if (!result[i].is_ok())
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}\n  {}", status_str(result[i]),
                                         op_context(lv, batch[i], i, k, true), waits));
+      if (!scribbled[i].empty())
+        fail(kExitWrong, fmt::format("wrong data in the {}\n  op: {}\n  {}\n  {}", scribbled[i],
+                                     op_context(lv, batch[i], i, k, true), waits,
+                                     replay(lv.where.empty() ? batch[i].op->index : lv.split_op)));
+    }
   } else {
     waits += "blocking";
   }
