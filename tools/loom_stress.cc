@@ -433,7 +433,8 @@ Prepared prepare_p2p(const Part& p, int me, int n, Rng& local) {
 
 struct Issued {
   const Op* op = nullptr;
-  bool scribble = false;  // overwrite its inputs as soon as its wait returns
+  int scribble = 0;  // overwrite its inputs (1), or all its buffers (2), as soon as its wait returns
+  uint64_t outputs_checked_early = 0;
   std::vector<Prepared> parts;
   Work work;
   bool has_work = false;
@@ -550,7 +551,7 @@ void check_op(Run& run, Level& lv, Issued& is, size_t pos, size_t batch, bool as
         fail(kExitWrong, fmt::format("wrong data in the {}{} ({}): {}\n  op: {}\n  {}\n  {}", r.what, part,
                                      r.alloc->name(), bad, op_context(lv, is, pos, batch, async), waits,
                                      replay(lv.where.empty() ? is.op->index : lv.split_op)));
-      if (r.output) run.st.bytes_checked += r.bytes;
+      if (r.output && r.type != Region::Type::kFill) run.st.bytes_checked += r.bytes;
     }
     for (const auto& a : pr.allocs) {
       std::string bad = check_guards(*a);
@@ -577,23 +578,37 @@ void progress(Run& run) {
 
 void run_steps(Run& run, Level& lv, uint64_t first_step, uint64_t nsteps, bool world);
 
-// Once an op's wait has returned its buffers are the caller's again: a
-// send buffer may be rewritten at once. Checks that the inputs are still
-// intact, then overwrites them; a peer still reading them (a single-copy
-// read or a mapping not yet done) would now get the new bytes, and the
-// final check expects exactly those new bytes (no late writes either).
-// Buffers that hold an output or that another op of the batch reads stay.
-std::string scribble_inputs(Issued& is) {
+// Once an op's wait has returned its buffers are the caller's again: they
+// may be rewritten at once. Checks the op's buffers at that moment, then
+// overwrites its send buffers (level 1) or every buffer of it (level 2,
+// outputs too: a peer forwards from what this rank received); a peer still
+// reading one (a single-copy read or a mapping not yet done) would now get
+// the new bytes, and the final check expects exactly those (no late writes
+// either). Buffers another op of the batch also reads stay.
+std::string scribble(Issued& is) {
   for (Prepared& pr : is.parts) {
-    if (pr.input_shared) continue;
     for (Region& r : pr.regions) {
-      if (r.output || r.type == Region::Type::kFill || r.bytes == 0) continue;
+      if (r.type == Region::Type::kFill || r.bytes == 0) continue;
+      if (pr.input_shared && r.alloc == pr.input) continue;
       bool holds_output = false;
       for (const Prepared& q : is.parts)
         for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
-      if (holds_output) continue;
+      if (holds_output && is.scribble < 2) continue;
       std::string bad = check_region(r);
       if (!bad.empty()) return fmt::format("{} ({}), checked as its wait returned: {}", r.what, r.alloc->name(), bad);
+      bad = check_guards(*r.alloc);
+      if (!bad.empty()) return fmt::format("{} ({}), checked as its wait returned", bad, r.alloc->name());
+    }
+  }
+  for (Prepared& pr : is.parts) {
+    for (Region& r : pr.regions) {
+      if (r.type == Region::Type::kFill || r.bytes == 0) continue;
+      if (pr.input_shared && r.alloc == pr.input) continue;
+      bool holds_output = false;
+      for (const Prepared& q : is.parts)
+        for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
+      if (holds_output && is.scribble < 2) continue;
+      if (r.output) is.outputs_checked_early += r.bytes;
       std::memset(r.alloc->data() + r.off, 0xee, r.bytes);
       r.type = Region::Type::kFill;
       r.fill = 0xee;
@@ -639,7 +654,7 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
       is.parts.push_back(p.coll == Collective::kSendRecv ? prepare_p2p(p, lv.rank, lv.n, local)
                                                          : prepare_collective(p, lv.rank, lv.n, local, twin));
     if (twin && is.parts[0].input_shared) batch[i - 1].parts[0].input_shared = true;
-    is.scribble = local.chance(0.5);
+    is.scribble = static_cast<int>(local.below(3));
     if (run.world_rank == 0) run.current = lv.where + is.label + ": " + describe(*is.op);
     if (run.opt.verbose >= 2 || (run.opt.verbose == 1 && run.world_rank == 0)) {
       printf("%s%s\n", caller_waits ? "(caller waits) " : "", op_context(lv, is, i, k, s.async).c_str());
@@ -652,7 +667,7 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}", status_str(st), op_context(lv, is, i, k, false)));
     }
     if (!s.async && is.scribble) {
-      const std::string bad = scribble_inputs(is);
+      const std::string bad = scribble(is);
       if (!bad.empty())
         fail(kExitWrong, fmt::format("wrong data in the {}\n  op: {}\n  {}", bad, op_context(lv, is, i, k, false),
                                      replay(lv.where.empty() ? is.op->index : lv.split_op)));
@@ -709,7 +724,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
       } else {
         result[i] = batch[i].work.wait();
       }
-      if (result[i].is_ok() && batch[i].scribble) scribbled[i] = scribble_inputs(batch[i]);
+      if (result[i].is_ok() && batch[i].scribble) scribbled[i] = scribble(batch[i]);
     };
     if (style == Style::kHelper) {
       std::thread helper([&] {
@@ -734,6 +749,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
   }
   for (size_t i = 0; i < k; ++i) {
     check_op(run, lv, batch[i], i, k, s.async, waits);
+    run.st.bytes_checked += batch[i].outputs_checked_early;
     run.st.ops_by_kind[static_cast<int>(batch[i].op->kind)]++;
     for (const Part& p : batch[i].op->parts) run.st.parts_by_coll[static_cast<int>(p.coll)]++;
     (lv.where.empty() ? run.st.world_ops : run.st.child_ops)++;
