@@ -66,6 +66,14 @@ struct Stats {
   uint64_t world_ops = 0, child_ops = 0, splits = 0, async_batches = 0, caller_waits_steps = 0;
   uint64_t overlapped = 0, destroyed_in_flight = 0;  // child batches in flight across a parent step / a destroy
   uint64_t bytes_checked = 0;
+  uint64_t concurrent = 0;  // parent steps run on a second thread while the child's batch was waited for
+  void add(const Stats& o) {
+    for (int k = 0; k < kNumKinds; ++k) ops_by_kind[k] += o.ops_by_kind[k];
+    for (int c = 0; c < kNumCollectives; ++c) parts_by_coll[c] += o.parts_by_coll[c];
+    world_ops += o.world_ops, child_ops += o.child_ops, splits += o.splits, async_batches += o.async_batches;
+    caller_waits_steps += o.caller_waits_steps, overlapped += o.overlapped;
+    destroyed_in_flight += o.destroyed_in_flight, bytes_checked += o.bytes_checked, concurrent += o.concurrent;
+  }
 };
 
 // One communicator the plan runs on: the world, or a split child.
@@ -843,6 +851,25 @@ void run_split(Run& run, Level& lv, const Step& s) {
         run_steps(run, sub, step, 1, false);
       }
     }
+    if (s.interleave && s.concurrent && pend) {
+      // The parent's step on a second thread while this one waits for and
+      // checks the child's batch: two threads each driving a communicator
+      // of the same ranks (process-wide state: buffer mappings, mem_alloc).
+      Run side;
+      side.opt = run.opt;
+      side.world_rank = run.world_rank;
+      side.world_n = run.world_n;
+      side.opt.progress_s = 0;
+      std::thread t([&] {
+        g_run = &side;
+        run_steps(side, parent, step, 1, false);
+      });
+      finish_batch(run, sub, *pend, before_wait + "the parent ran a step on another thread meanwhile; ");
+      t.join();
+      run.st.add(side.st);
+      ++run.st.concurrent;
+      continue;
+    }
     if (s.interleave) run_steps(run, parent, step, 1, false);
     if (pend) finish_batch(run, sub, *pend, before_wait);
   }
@@ -1055,9 +1082,11 @@ int rank_main(const Options& opt, Comm& c) {
     for (int k = 0; k < kNumKinds; ++k)
       per += fmt::format("{}{} {}", k ? ", " : "", kind_name(static_cast<Kind>(k)), run.st.ops_by_kind[k]);
     printf("loom-stress: ops by kind (rank 0, world and split children): %s\n", per.c_str());
-    printf("loom-stress: %llu splits (%llu child batches in flight across a parent step, %llu across the child's destroy), "
+    printf("loom-stress: %llu splits (%llu async child batches in flight across a parent step, %llu parent steps on "
+           "a second thread while the child's were waited for, %llu child batches in flight across its destroy), "
            "%llu async batches, %llu steps with caller_waits, %s of output checked on rank 0\n",
            static_cast<unsigned long long>(run.st.splits), static_cast<unsigned long long>(run.st.overlapped),
+           static_cast<unsigned long long>(run.st.concurrent),
            static_cast<unsigned long long>(run.st.destroyed_in_flight),
            static_cast<unsigned long long>(run.st.async_batches),
            static_cast<unsigned long long>(run.st.caller_waits_steps), mib(run.st.bytes_checked).c_str());

@@ -251,6 +251,7 @@ Step make_step(uint64_t seed, uint64_t step_index, int nranks, const GenOptions&
     s.child_steps = 1 + static_cast<int>(r.below(8));
     s.interleave = r.chance(0.5);
     s.overlap = r.chance(0.5);
+    s.concurrent = r.chance(0.5);
     return s;
   }
   s.async = g.async && r.chance(0.4);

@@ -125,6 +125,7 @@ struct Step {
   int child_steps = 0;
   bool interleave = false;  // a parent step after each child step
   bool overlap = false;     // ... while the child's step is still in flight
+  bool concurrent = false;  // ... on a second thread while the first waits for the child's
   uint64_t op_index = 0;  // the op index the split step takes
 };
 
