@@ -285,6 +285,56 @@ TEST(Groups, SendRecvAnyOrderNoDeadlock) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// A group's sends and receives may come before, between or after its
+// collectives, differently on each rank: NCCL queues a group's point-to-point
+// calls apart from its collectives (taskAppend: per-peer queues vs the
+// collective list), so only the order of the collectives, and of the messages
+// between two ranks, has to agree. Loom ran the point-to-point part where the
+// rank's first send/recv call was, so ranks that placed them differently
+// failed with "mismatched operations" (small message), or, with
+// LOOM_FINGERPRINT=0, swapped the two messages silently (small) or hung
+// (large: the send waited for a receiver still in its allreduce). Found by
+// loom-stress.
+void run_mixed_group_orders(size_t p2p_count) {
+  const int n = 3;
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok());
+  std::vector<std::thread> ts;
+  std::vector<std::string> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      const int to = (r + 1) % n, from = (r + n - 1) % n;
+      std::vector<int32_t> out(p2p_count, r + 100), in(p2p_count, -1);
+      std::vector<int32_t> a(16, r + 1), b(16, 0), x(8, 2 * r), y(8, 0);
+      auto p2p = [&] {
+        (void)c.send(out.data(), out.size(), DataType::kInt32, to);
+        (void)c.recv(in.data(), in.size(), DataType::kInt32, from);
+      };
+      c.group_start();
+      // Rank 0: transfers first; rank 1: between the collectives; rank 2: last.
+      if (r == 0) p2p();
+      (void)c.allreduce(a.data(), b.data(), a.size(), DataType::kInt32, RedOp::kSum);
+      if (r == 1) p2p();
+      (void)c.allreduce(x.data(), y.data(), x.size(), DataType::kInt32, RedOp::kMax);
+      if (r == 2) p2p();
+      auto w = c.group_end();
+      Status st = w.is_ok() ? w->wait(std::chrono::milliseconds(20000)) : w.status();
+      if (!st.is_ok()) {
+        err[r] = st.to_string();
+        c.abort("test failed on this rank");
+        return;
+      }
+      if (b[0] != 1 + 2 + 3 || b[15] != 6) err[r] = "wrong allreduce sum " + std::to_string(b[0]);
+      else if (y[0] != 4 || y[7] != 4) err[r] = "wrong allreduce max " + std::to_string(y[0]);
+      else if (in[0] != from + 100 || in[p2p_count - 1] != from + 100) err[r] = "wrong message " + std::to_string(in[0]);
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+TEST(Groups, SendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(16); }
+TEST(Groups, LargeSendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(size_t{3} << 20); }
+
 }  // namespace
 }  // namespace loom
 
