@@ -442,6 +442,7 @@ Prepared prepare_p2p(const Part& p, int me, int n, Rng& local) {
 struct Issued {
   const Op* op = nullptr;
   int scribble = 0;  // overwrite its inputs (1), or all its buffers (2), as soon as its wait returns
+  bool scattered = false;  // this rank's sends/recvs scattered among the group's collectives
   uint64_t outputs_checked_early = 0;
   std::vector<Prepared> parts;
   Work work;
@@ -474,6 +475,7 @@ std::string op_context(const Level& lv, const Issued& is, size_t pos, size_t bat
                               describe(*is.op));
   for (size_t i = 0; i < is.parts.size(); ++i)
     s += fmt::format("\n    buffers{}: {}", is.parts.size() > 1 ? fmt::format(" of part {}", i) : "", is.parts[i].bufs);
+  if (is.scattered) s += "\n    this rank called its sends/recvs scattered among the collectives";
   return s;
 }
 
@@ -490,17 +492,56 @@ void issue(Level& lv, Issued& is, Rng& local, size_t pos, size_t batch, bool asy
     for (const Prepared& pr : is.parts) any = any || op.kind == Kind::kGroup || !pr.calls.empty();
     // A rank with nothing in a group of transfers may leave the group out.
     if (!any && local.chance(0.5)) return;
+    // What this rank calls, in order: each collective part whole, each
+    // send/recv on its own. As planned, a part's transfers come where the
+    // part is; a rank may instead scatter them among the collectives (NCCL
+    // queues a group's transfers apart from its collectives, so only their
+    // order among themselves matters).
+    struct Call {
+      size_t part;
+      int call;  // -1: the whole (collective) part
+    };
+    std::vector<Call> calls, colls, p2p;
+    for (size_t i = 0; i < is.parts.size(); ++i) {
+      if (op.parts[i].coll != Collective::kSendRecv) {
+        calls.push_back({i, -1});
+        colls.push_back({i, -1});
+      }
+      for (size_t j = 0; j < is.parts[i].calls.size(); ++j) {
+        calls.push_back({i, static_cast<int>(j)});
+        p2p.push_back({i, static_cast<int>(j)});
+      }
+    }
+    if (!colls.empty() && !p2p.empty() && local.chance(0.4)) {
+      std::vector<uint64_t> slot(p2p.size());
+      for (auto& x : slot) x = local.below(colls.size() + 1);
+      std::sort(slot.begin(), slot.end());
+      calls.clear();
+      size_t k = 0;
+      for (size_t ci = 0; ci <= colls.size(); ++ci) {
+        for (; k < p2p.size() && slot[k] == ci; ++k) calls.push_back(p2p[k]);
+        if (ci < colls.size()) calls.push_back(colls[ci]);
+      }
+      is.scattered = true;
+    }
     c.group_start();
     if (op.nested) c.group_start();
-    const size_t inner_end = op.nested ? local.below(is.parts.size() + 1) : size_t{0};
-    for (size_t i = 0; i <= is.parts.size(); ++i) {
+    const size_t inner_end = op.nested ? local.below(calls.size() + 1) : size_t{0};
+    for (size_t i = 0; i <= calls.size(); ++i) {
       if (op.nested && i == inner_end) {
         Result<Work> w = c.group_end();
         check(w, "inner group_end");
         if (w->valid()) fail(kExitWrong, "an inner group_end returned a valid Work: " + op_context(lv, is, pos, batch, async));
       }
-      if (i < is.parts.size()) {
-        Result<Work> w = issue_part(c, op.parts[i], is.parts[i]);
+      if (i < calls.size()) {
+        const Call& k = calls[i];
+        Result<Work> w = Work();
+        if (k.call < 0) {
+          w = issue_part(c, op.parts[k.part], is.parts[k.part]);
+        } else {
+          const P2pCall& x = is.parts[k.part].calls[static_cast<size_t>(k.call)];
+          w = x.is_send ? c.send(x.buf, x.count, x.dt, x.peer) : c.recv(x.buf, x.count, x.dt, x.peer);
+        }
         check(w, "issue inside a group");
         if (w->valid())
           fail(kExitWrong, "an op issued inside a group returned a valid Work: " + op_context(lv, is, pos, batch, async));
@@ -743,7 +784,9 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     } else {
       for (size_t i : order) wait_one(i);
     }
-    for (size_t i : order) {
+    // Report in issue order: a failed op fails the later ones too
+    // ("communicator failed earlier"), whichever was waited for first.
+    for (size_t i = 0; i < k; ++i) {
       if (!result[i].is_ok())
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}\n  {}", status_str(result[i]),
                                         op_context(lv, batch[i], i, k, true), waits));
