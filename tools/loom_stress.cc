@@ -445,8 +445,25 @@ struct Issued {
   bool scattered = false;  // this rank's sends/recvs scattered among the group's collectives
   uint64_t outputs_checked_early = 0;
   std::vector<Prepared> parts;
-  Work work;
-  bool has_work = false;
+  // One Work, or (a group this rank issued ungrouped) one per collective
+  // and one for the group of its transfers.
+  std::vector<Work> works;
+  bool ungrouped = false;
+  bool has_work() const { return !works.empty(); }
+  bool done() const {
+    for (const Work& w : works)
+      if (!w.test()) return false;
+    return true;
+  }
+  // Plain waits, in order; the first failure.
+  Status wait() const {
+    Status first;
+    for (const Work& w : works) {
+      Status st = w.wait();
+      if (first.is_ok() && !st.is_ok()) first = st;
+    }
+    return first;
+  }
   std::string label;  // "op #57" or "op #57 > child op #3"
 };
 
@@ -476,6 +493,7 @@ std::string op_context(const Level& lv, const Issued& is, size_t pos, size_t bat
   for (size_t i = 0; i < is.parts.size(); ++i)
     s += fmt::format("\n    buffers{}: {}", is.parts.size() > 1 ? fmt::format(" of part {}", i) : "", is.parts[i].bufs);
   if (is.scattered) s += "\n    this rank called its sends/recvs scattered among the collectives";
+  if (is.ungrouped) s += "\n    this rank issued the group's collectives as plain ops (its transfers grouped after them)";
   return s;
 }
 
@@ -524,6 +542,31 @@ void issue(Level& lv, Issued& is, Rng& local, size_t pos, size_t batch, bool asy
       }
       is.scattered = true;
     }
+    // A rank may also issue a group of collectives as plain ops, one after
+    // another, and only its transfers in a group of their own (after them:
+    // where Loom runs a group's transfers): the same sequence of
+    // collectives, grouped differently on each rank.
+    if (op.kind == Kind::kGroup && !op.nested && local.chance(0.15)) {
+      is.ungrouped = true;
+      is.scattered = false;
+      for (const Call& k : colls) {
+        Result<Work> w = issue_part(c, op.parts[k.part], is.parts[k.part]);
+        check(w, "issue (a group's collective, ungrouped on this rank)");
+        is.works.push_back(*w);
+      }
+      if (!p2p.empty()) {
+        c.group_start();
+        for (const Call& k : p2p) {
+          const P2pCall& x = is.parts[k.part].calls[static_cast<size_t>(k.call)];
+          check(x.is_send ? c.send(x.buf, x.count, x.dt, x.peer) : c.recv(x.buf, x.count, x.dt, x.peer),
+                "issue inside a group");
+        }
+        Result<Work> w = c.group_end();
+        check(w, "group_end");
+        is.works.push_back(*w);
+      }
+      return;
+    }
     c.group_start();
     if (op.nested) c.group_start();
     const size_t inner_end = op.nested ? local.below(calls.size() + 1) : size_t{0};
@@ -549,16 +592,14 @@ void issue(Level& lv, Issued& is, Rng& local, size_t pos, size_t batch, bool asy
     }
     Result<Work> w = c.group_end();
     check(w, "group_end");
-    is.work = *w;
-    is.has_work = true;
+    is.works.push_back(*w);
     return;
   }
   const Part& p = op.parts[0];
   if (p.coll == Collective::kSendRecv && is.parts[0].calls.empty()) return;  // not in this plain send/recv
   Result<Work> w = issue_part(c, p, is.parts[0]);
   check(w, "issue");
-  is.work = *w;
-  is.has_work = true;
+  is.works.push_back(*w);
 }
 
 // Damages the op's buffers once on rank 0 (--self-test-corrupt).
@@ -710,8 +751,8 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
       fflush(stdout);
     }
     issue(lv, is, local, i, k, s.async);
-    if (!s.async && is.has_work) {
-      Status st = is.work.wait();
+    if (!s.async && is.has_work()) {
+      Status st = is.wait();
       if (!st.is_ok())
         fail(kExitOpFailed, fmt::format("operation failed: {}\n  op: {}", status_str(st), op_context(lv, is, i, k, false)));
     }
@@ -754,7 +795,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     }
     if (style == Style::kPoll) {
       for (size_t i : order)
-        while (batch[i].has_work && !batch[i].work.test()) sched_yield();
+        while (!batch[i].done()) sched_yield();
     }
     static constexpr const char* kStyle[] = {"", "helper thread waits every other op, ", "timed waits, ",
                                              "polled with test(), "};
@@ -764,14 +805,16 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     std::vector<Status> result(k, Status::ok());
     std::vector<std::string> scribbled(k);
     auto wait_one = [&](size_t i) {
-      if (!batch[i].has_work) return;
+      if (!batch[i].has_work()) return;
       if (style == Style::kTimed) {
         const auto slice = std::chrono::milliseconds(1 + (i % 4));
-        Status st = batch[i].work.wait(slice);
-        while (st.code() == StatusCode::kTimeout && !batch[i].work.test()) st = batch[i].work.wait(slice);
-        result[i] = batch[i].work.test() ? batch[i].work.status() : st;
+        for (const Work& w : batch[i].works) {
+          Status st = w.wait(slice);
+          while (st.code() == StatusCode::kTimeout && !w.test()) st = w.wait(slice);
+          if (result[i].is_ok()) result[i] = w.test() ? w.status() : st;
+        }
       } else {
-        result[i] = batch[i].work.wait();
+        result[i] = batch[i].wait();
       }
       if (result[i].is_ok() && batch[i].scribble) scribbled[i] = scribble(batch[i]);
     };
