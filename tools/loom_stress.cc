@@ -25,6 +25,8 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -715,6 +717,28 @@ struct Pending {
   Rng local{0};
   bool caller_waits = false;
   std::vector<Issued> batch;
+  // Eager: a second thread waits for each op as soon as it is issued,
+  // while this one issues the next (Work::wait from another thread running
+  // queued ops while the issuing thread enqueues).
+  struct Eager {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t issued = 0;
+    bool stop = false;
+    std::vector<Status> result;
+    std::thread thread;
+  };
+  std::unique_ptr<Eager> eager;
+  ~Pending() {
+    if (eager && eager->thread.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(eager->mu);
+        eager->stop = true;
+      }
+      eager->cv.notify_all();
+      eager->thread.join();
+    }
+  }
 };
 
 // Prepares and issues the step's ops (a blocking step also waits for each).
@@ -735,6 +759,21 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
   std::vector<Issued>& batch = pend->batch;
   batch.resize(s.ops.size());
   const size_t k = batch.size();
+  if (s.async && !caller_waits && k > 1 && local.chance(0.15)) {
+    pend->eager = std::make_unique<Pending::Eager>();
+    Pending::Eager* e = pend->eager.get();
+    e->result.assign(k, Status::ok());
+    e->thread = std::thread([e, &batch, k] {
+      for (size_t i = 0; i < k; ++i) {
+        {
+          std::unique_lock<std::mutex> lk(e->mu);
+          e->cv.wait(lk, [&] { return e->issued > i || e->stop; });
+          if (e->issued <= i) return;
+        }
+        e->result[i] = batch[i].wait();
+      }
+    });
+  }
   for (size_t i = 0; i < k; ++i) {
     Issued& is = batch[i];
     is.op = &s.ops[i];
@@ -745,12 +784,20 @@ std::unique_ptr<Pending> start_batch(Run& run, Level& lv, Step step, uint64_t st
                                                          : prepare_collective(p, lv.rank, lv.n, local, twin));
     if (twin && is.parts[0].input_shared) batch[i - 1].parts[0].input_shared = true;
     is.scribble = static_cast<int>(local.below(3));
+    if (pend->eager) is.scribble = 0;  // the op before may be a twin still in use
     if (run.world_rank == 0) run.current = lv.where + is.label + ": " + describe(*is.op);
     if (run.opt.verbose >= 2 || (run.opt.verbose == 1 && run.world_rank == 0)) {
       printf("%s%s\n", caller_waits ? "(caller waits) " : "", op_context(lv, is, i, k, s.async).c_str());
       fflush(stdout);
     }
     issue(lv, is, local, i, k, s.async);
+    if (pend->eager) {
+      {
+        std::lock_guard<std::mutex> lk(pend->eager->mu);
+        pend->eager->issued = i + 1;
+      }
+      pend->eager->cv.notify_all();
+    }
     if (!s.async && is.has_work()) {
       Status st = is.wait();
       if (!st.is_ok())
@@ -788,7 +835,7 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     // other op of the order); with short timed waits; or by polling test()
     // first. A caller that waits has promised plain waits (nothing else
     // runs its queued ops).
-    enum class Style { kPlain, kHelper, kTimed, kPoll } style = Style::kPlain;
+    enum class Style { kPlain, kHelper, kTimed, kPoll, kEager } style = Style::kPlain;
     if (!caller_waits) {
       const uint64_t w = local.below(10);
       style = w < 5 ? Style::kPlain : w < 7 ? Style::kHelper : w < 9 ? Style::kTimed : Style::kPoll;
@@ -804,6 +851,12 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
     for (size_t i : order) waits += fmt::format(" {}", i + 1);
     std::vector<Status> result(k, Status::ok());
     std::vector<std::string> scribbled(k);
+    if (pend.eager) {
+      pend.eager->thread.join();
+      result = pend.eager->result;
+      style = Style::kEager;
+      waits = before_wait + "a second thread waited for each op as soon as it was issued";
+    }
     auto wait_one = [&](size_t i) {
       if (!batch[i].has_work()) return;
       if (style == Style::kTimed) {
@@ -818,7 +871,9 @@ void finish_batch(Run& run, Level& lv, Pending& pend, const std::string& before_
       }
       if (result[i].is_ok() && batch[i].scribble) scribbled[i] = scribble(batch[i]);
     };
-    if (style == Style::kHelper) {
+    if (style == Style::kEager) {
+      // done: the eager thread waited for them all
+    } else if (style == Style::kHelper) {
       std::thread helper([&] {
         for (size_t j = 1; j < k; j += 2) wait_one(order[j]);
       });
