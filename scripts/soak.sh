@@ -81,9 +81,20 @@ while (( $(date +%s) < end )); do
   envs=(LOOM_TRANSPORT=$transport LOOM_SOCKET_IFNAME=lo LOOM_TIMEOUT=120 $knobs ${SOAK_EXTRA_ENV:-})
   [[ -n $algo ]] && envs+=("LOOM_ALGO=$algo")
   # One run in seven: the ranks as threads of one process (Comm::init_all:
-  # single copy between threads, shared mappings).
+  # single copy between threads, shared mappings); one in five (of the
+  # rest) on fake hosts (LOOM_HOST_ID per rank: shm inside, TCP between,
+  # hierarchical allreduce).
   launch=($BIN/loomrun -n "$n" -- $BIN/loom-stress); mode=procs
-  (( i % 7 == 5 )) && { launch=($BIN/loom-stress --threads "$n"); mode=threads; }
+  if (( i % 7 == 5 )); then
+    launch=($BIN/loom-stress --threads "$n"); mode=threads
+  elif (( i % 5 == 2 )) && [[ $transport == shm ]]; then
+    hosts=$(( i % 2 ? 2 : 3 )); (( i % 3 == 0 )) && hosts=mod2
+    launch=($BIN/loomrun -n "$n" -- $BIN/loom-stress --fake-hosts $hosts); mode=hosts:$hosts; transport=auto
+    envs=(LOOM_SOCKET_IFNAME=lo LOOM_TIMEOUT=120 $knobs ${SOAK_EXTRA_ENV:-})
+    algo_h=("$algo" "allreduce:hierarchical")
+    algo=${algo_h[$(( i % 2 ))]}
+    [[ -n $algo ]] && envs+=("LOOM_ALGO=$algo")
+  fi
   log=$LOGDIR/run-$seed.log
   printf 'soak: seed %s  %d %-7s %-6s %-60s %s\n' "$seed" "$n" "$mode" "$transport" "$knobs" "${algo:-(tuner)}"
   { echo "env: ${envs[*]}"; echo "cmd: ${launch[*]} --seed $seed --seconds $secs --max-bytes $maxb"; } >"$log"

@@ -60,6 +60,10 @@ struct Options {
   std::string corrupt_kind = "output";
   std::string argv_flags;  // for the replay line
   int threads = 0;          // --threads N: N ranks as threads of this process (Comm::init_all), no loomrun
+  // --fake-hosts K (ranks r / K share a host) or modK (ranks r % K): sets
+  // LOOM_HOST_ID per rank, so one machine runs a multi-host job (shared
+  // memory inside a fake host, TCP between them, hierarchical algorithms).
+  std::string fake_hosts;
 };
 
 struct Stats {
@@ -1078,6 +1082,7 @@ void usage(FILE* f) {
           "  --no-async        every op waited before the next is issued\n"
           "  --timeout S       deadline of every wait (default LOOM_TIMEOUT)\n"
           "  --threads N       N ranks as threads of this process (Comm::init_all) instead of loomrun's processes\n"
+          "  --fake-hosts K    pretend ranks r/K (modK: r%%K) share a host (LOOM_HOST_ID): shm inside, TCP between\n"
           "  --progress S      rank 0 prints a progress line every S seconds (default 5, 0 = never)\n"
           "  -v                print every op (rank 0); -v -v: on every rank\n"
           "Exit: 0 all checked ops right, 1 wrong data, 2 an op failed, 3 usage.\n");
@@ -1157,6 +1162,14 @@ int parse_args(int argc, char** argv, Options* o) {
         fprintf(stderr, "loom-stress: --threads needs at least 1\n");
         return kExitUsage;
       }
+    } else if (a == "--fake-hosts") {
+      o->fake_hosts = value();
+      const std::string k = o->fake_hosts.rfind("mod", 0) == 0 ? o->fake_hosts.substr(3) : o->fake_hosts;
+      if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos || std::stoi(k) < 1) {
+        fprintf(stderr, "loom-stress: --fake-hosts K or modK (K >= 1)\n");
+        return kExitUsage;
+      }
+      o->argv_flags += " --fake-hosts " + o->fake_hosts;
     } else if (a == "--progress") {
       o->progress_s = number(value());
     } else if (a == "--self-test-corrupt") {
@@ -1246,6 +1259,16 @@ int main_impl(int argc, char** argv) {
   Config cfg;
   cfg.name = "stress";
   cfg.timeout_s = opt.timeout_s;
+  if (!opt.fake_hosts.empty()) {
+    const char* r = std::getenv("LOOM_RANK");
+    if (opt.threads > 0 || !r) {
+      fprintf(stderr, "loom-stress: --fake-hosts needs ranks as processes under loomrun (LOOM_RANK)\n");
+      return kExitUsage;
+    }
+    const bool mod = opt.fake_hosts.rfind("mod", 0) == 0;
+    const int k = std::stoi(mod ? opt.fake_hosts.substr(3) : opt.fake_hosts), rank = std::atoi(r);
+    setenv("LOOM_HOST_ID", fmt::format("loom-stress-host{}", mod ? rank % k : rank / k).c_str(), 1);
+  }
   if (opt.threads > 0) {
     Result<std::vector<std::unique_ptr<Comm>>> comms = Comm::init_all(opt.threads, cfg);
     if (!comms.is_ok()) {
