@@ -335,6 +335,66 @@ void run_mixed_group_orders(size_t p2p_count) {
 TEST(Groups, SendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(16); }
 TEST(Groups, LargeSendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(size_t{3} << 20); }
 
+// Messages between two ranks match in order, however each end groups its
+// calls (NCCL: PyTorch's batch_isend_irecv on one rank, plain send/recv on
+// its peer). Loom's fingerprints went on an op's first message to each peer
+// only: a receiver in separate ops then wanted a header before the second
+// message and failed with "mismatched operations: the stream from rank 0 is
+// out of step" (small) or hung until LOOM_TIMEOUT (large); a receiver that
+// grouped what its peer sent in separate ops took the second header for
+// data and returned its first 32 bytes overwritten, silently, with status
+// ok. Found by loom-stress.
+void run_regrouped_p2p(bool sender_groups, size_t count1, size_t count2) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok());
+  auto value = [](int msg, size_t i) { return static_cast<int32_t>(msg * 1000003 + i); };
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      std::vector<int32_t> m1(count1), m2(count2);
+      for (size_t i = 0; i < count1; ++i) m1[i] = r == 0 ? value(1, i) : -1;
+      for (size_t i = 0; i < count2; ++i) m2[i] = r == 0 ? value(2, i) : -1;
+      const bool grouped = (r == 0) == sender_groups;
+      std::vector<Result<Work>> works;
+      auto call = [&](std::vector<int32_t>& m) {
+        return r == 0 ? c.send(m.data(), m.size(), DataType::kInt32, 1) : c.recv(m.data(), m.size(), DataType::kInt32, 0);
+      };
+      if (grouped) {
+        c.group_start();
+        (void)call(m1);
+        (void)call(m2);
+        works.push_back(c.group_end());
+      } else {
+        works.push_back(call(m1));
+        works.push_back(call(m2));
+      }
+      for (auto& w : works) {
+        Status st = w.is_ok() ? w->wait(std::chrono::milliseconds(20000)) : w.status();
+        if (!st.is_ok()) {
+          err[r] = st.to_string();
+          c.abort("test failed on this rank");
+          return;
+        }
+      }
+      if (r == 1) {
+        for (size_t i = 0; i < count1 && err[r].empty(); ++i)
+          if (m1[i] != value(1, i)) err[r] = "message 1 element " + std::to_string(i) + " wrong";
+        for (size_t i = 0; i < count2 && err[r].empty(); ++i)
+          if (m2[i] != value(2, i)) err[r] = "message 2 element " + std::to_string(i) + " wrong";
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+TEST(Groups, SenderGroupsTwoMessagesReceiverDoesNot) { run_regrouped_p2p(true, 100, 37); }
+TEST(Groups, ReceiverGroupsTwoMessagesSenderDoesNot) { run_regrouped_p2p(false, 100, 37); }
+TEST(Groups, LargeMessagesGroupedOnOneEndOnly) {
+  run_regrouped_p2p(true, size_t{1} << 20, 3000);
+  run_regrouped_p2p(false, 3000, size_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace loom
 
