@@ -499,7 +499,7 @@ std::string op_context(const Level& lv, const Issued& is, size_t pos, size_t bat
   for (size_t i = 0; i < is.parts.size(); ++i)
     s += fmt::format("\n    buffers{}: {}", is.parts.size() > 1 ? fmt::format(" of part {}", i) : "", is.parts[i].bufs);
   if (is.scattered) s += "\n    this rank called its sends/recvs scattered among the collectives";
-  if (is.ungrouped) s += "\n    this rank issued the group's collectives as plain ops (its transfers grouped after them)";
+  if (is.ungrouped) s += "\n    this rank issued the group's calls as plain ops (a collective group: its transfers grouped after them)";
   return s;
 }
 
@@ -547,6 +547,27 @@ void issue(Level& lv, Issued& is, Rng& local, size_t pos, size_t batch, bool asy
         if (ci < colls.size()) calls.push_back(colls[ci]);
       }
       is.scattered = true;
+    }
+    // A rank that only sends, or only receives, in a group of transfers may
+    // issue them as plain ops instead, in the plan's order of transfers (its
+    // peers group theirs: messages between two ranks match in order however
+    // each end groups them). Ranks that both send and receive keep their
+    // group: plain sends and receives in different orders could deadlock.
+    if (op.kind == Kind::kSendRecv && !op.nested && colls.empty() && !p2p.empty() && local.chance(0.25)) {
+      const std::vector<P2pCall>& pc = is.parts[0].calls;
+      const bool pure = std::all_of(pc.begin(), pc.end(), [&](const P2pCall& x) { return x.is_send == pc[0].is_send; });
+      if (pure) {
+        std::vector<P2pCall> in_order = pc;
+        std::sort(in_order.begin(), in_order.end(), [](const P2pCall& a, const P2pCall& b) { return a.xfer < b.xfer; });
+        for (const P2pCall& x : in_order) {
+          Result<Work> w = x.is_send ? c.send(x.buf, x.count, x.dt, x.peer) : c.recv(x.buf, x.count, x.dt, x.peer);
+          check(w, "issue (a group's transfer, ungrouped on this rank)");
+          is.works.push_back(*w);
+        }
+        is.ungrouped = true;
+        is.scattered = false;
+        return;
+      }
     }
     // A rank may also issue a group of collectives as plain ops, one after
     // another, and only its transfers in a group of their own (after them:

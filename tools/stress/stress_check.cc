@@ -81,13 +81,16 @@ std::shared_ptr<Alloc> BufferPool::get(size_t len, Rng& local, uint8_t fill) {
   } else {
     a->kind = BufKind::kPooled;
   }
+  // Drawn whether used or not: the rank's later choices must not depend on
+  // what the pool holds (a replay with --from starts with an empty pool).
+  const uint64_t pick = local.next();
   if (a->kind == BufKind::kPooled) {
     // Any free pooled buffer that is large enough, else a new one for the pool.
     std::vector<size_t> fit;
     for (size_t i = 0; i < free_.size(); ++i)
       if (free_[i].cap >= need) fit.push_back(i);
     if (!fit.empty()) {
-      const size_t i = fit[local.below(fit.size())];
+      const size_t i = fit[pick % fit.size()];
       a->base = free_[i].base;
       a->cap = free_[i].cap;
       free_.erase(free_.begin() + static_cast<long>(i));
