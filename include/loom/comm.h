@@ -141,7 +141,10 @@ class Comm {
 
   // Groups nest; the outermost group_end submits everything issued since the
   // outermost group_start as one operation and returns its Work. Inner
-  // group_end calls return an invalid Work.
+  // group_end calls return an invalid Work. A group's collectives run in the
+  // order they were called (the same on every rank); its sends and receives
+  // run together after them, wherever among the collectives a rank called
+  // them (as NCCL, which queues them apart from the collectives).
   void group_start();
   Result<Work> group_end();
 

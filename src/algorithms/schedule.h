@@ -86,7 +86,8 @@ struct Step {
   // once for many readers (direct_all_gather with ranks sharing cores).
   bool announced = false;
   // Transfers only (diag): the op's first send to, or first receive from,
-  // this peer; it carries the op's in-band fingerprint (diag/fingerprint.h).
+  // this peer (every send/recv transfer: mark_first_contacts); it carries
+  // the op's in-band fingerprint (diag/fingerprint.h).
   // Set by mark_first_contacts, once per schedule, so the executor needs no
   // per-op bookkeeping of which peers it has already spoken to.
   bool first_contact = false;
@@ -122,7 +123,11 @@ struct RankSchedule {
 // by step; transfers of no elements send nothing and are skipped), and
 // contacts_marked. make_schedule calls it; a schedule built by hand calls it
 // before it runs.
-void mark_first_contacts(RankSchedule& s);
+// every_message (send/recv): every transfer carries a fingerprint. Two
+// ranks may group the messages between them differently (several sends in
+// one group, their receives in separate ops, or the reverse), so a header
+// per op and peer would sit before a different message at each end.
+void mark_first_contacts(RankSchedule& s, bool every_message = false);
 
 // A point-to-point operation inside a group (Collective::kSendRecv); its
 // buffer is kBufUser + its index in CollArgs::p2p.

@@ -246,7 +246,17 @@ Result<Work> CommImpl::group_end() {
   Op op;
   op.subs = std::move(group_subs_);
   group_subs_.clear();
-  if (group_p2p_index_ >= 0) mark_aliased_sends(op.subs[group_p2p_index_]);
+  if (group_p2p_index_ >= 0) {
+    mark_aliased_sends(op.subs[group_p2p_index_]);
+    // The group's sends and receives run after its collectives, wherever
+    // this rank called them: NCCL queues a group's point-to-point calls apart
+    // from its collectives, so ranks may place them differently among the
+    // collectives. Where the first call was, ranks that differed ran the
+    // parts in different orders: "mismatched operations", or without
+    // fingerprints a silent swap of messages or a hang
+    // (Groups.SendRecvAnywhereAmongTheCollectives, found by loom-stress).
+    std::rotate(op.subs.begin() + group_p2p_index_, op.subs.begin() + group_p2p_index_ + 1, op.subs.end());
+  }
   group_p2p_index_ = -1;
   if (Status st = check_usable("group_end"); !st.is_ok()) {
     drop_start_gates(st);

@@ -142,7 +142,8 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_TRACE_BUFFER_SIZE", "int", "1024",
        "Flight recorder: operations kept per communicator (ring buffer shown by live queries and dumps); 0 = off."},
       {"LOOM_FINGERPRINT", "bool", "1",
-       "Prepend a 32-byte operation fingerprint to each op's first message to each peer, so mismatched calls "
+       "Prepend a 32-byte operation fingerprint to each op's first message to each peer (to every send/recv "
+       "message), so mismatched calls "
        "fail at once with both calls named (0 = off). Must be the same on every rank (checked at init)."},
       {"LOOM_DUMP_DIR", "string", "",
        "Directory for JSON diagnostic dumps (one file per rank, written on failure, timeout and SIGUSR1; read by "

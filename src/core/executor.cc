@@ -397,9 +397,10 @@ void Executor::arm_fingerprint(Active& a) {
     return;
   }
   a.hdr_left = diag::kFingerprintBytes + (a.coalesced ? a.total : 0);
-  // A send/recv's header names the peer and the message: written per peer
-  // now. A collective's is the same for every peer (Fingerprint::header).
-  if (fp_->per_peer()) fp_->encode(a.step->peer, a.step->count, stage(a.step->peer));
+  // A send/recv's header names the peer and the message: written into the
+  // peer's stage when the send starts (send_fingerprint), not here: every
+  // send/recv message carries one, and a phase may hold several to one peer,
+  // which go one after another through the same stage.
 }
 
 std::byte* Executor::stage(int peer) {
@@ -415,6 +416,9 @@ void Executor::send_fingerprint(Active& a, bool& moved) {
   // again when that attempt moved nothing: a single-copy peer may already be
   // reading the stage (regression: TSan saw the re-copy race with its read).
   if (!a.staged) {
+    // The messages to a peer leave one by one (send_gate_): the one before
+    // this one is done with the stage.
+    if (fp_->per_peer()) fp_->encode(p, a.step->count, stage(p));
     const std::byte* hdr = fp_->per_peer() ? stage(p) : fp_->header();
     if (a.coalesced) {
       // Header and data written from where they lie, as one message, when

@@ -1,6 +1,7 @@
 // In-band operation fingerprints.
 //
-// The first message of every operation from one rank to a given peer is
+// The first message of every operation from one rank to a given peer (every
+// message of a send/recv operation) is
 // preceded by a 32-byte header describing the operation (collective, count,
 // dtype, op, root, collective sequence number; for send/recv the element count
 // and the destination). The receiver consumes it before its own first receive
@@ -11,7 +12,11 @@
 //
 // Both sides agree on where a header is because the rule depends only on the
 // rank's own schedule: "first send to p in this op" pairs with "first receive
-// from p in this op" whenever the two ranks run matching operations. When they
+// from p in this op" whenever the two ranks run matching operations. Send/recv
+// messages each carry one: the two ends of a message may group their calls
+// differently (a group of sends met by receives in separate ops, or the
+// reverse), so "first in this op" would not be the same message at both ends
+// (Groups.SenderGroupsTwoMessagesReceiverDoesNot). When they
 // do not, the receiver reads either a header of a different op (precise
 // message) or data where a header should be (the magic check fails: "stream
 // out of step"). A header sent to a peer whose op does not receive from us at

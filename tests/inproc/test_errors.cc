@@ -285,6 +285,116 @@ TEST(Groups, SendRecvAnyOrderNoDeadlock) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
 }
 
+// A group's sends and receives may come before, between or after its
+// collectives, differently on each rank: NCCL queues a group's point-to-point
+// calls apart from its collectives (taskAppend: per-peer queues vs the
+// collective list), so only the order of the collectives, and of the messages
+// between two ranks, has to agree. Loom ran the point-to-point part where the
+// rank's first send/recv call was, so ranks that placed them differently
+// failed with "mismatched operations" (small message), or, with
+// LOOM_FINGERPRINT=0, swapped the two messages silently (small) or hung
+// (large: the send waited for a receiver still in its allreduce). Found by
+// loom-stress.
+void run_mixed_group_orders(size_t p2p_count) {
+  const int n = 3;
+  auto comms = Comm::init_all(n);
+  ASSERT_TRUE(comms.is_ok());
+  std::vector<std::thread> ts;
+  std::vector<std::string> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      const int to = (r + 1) % n, from = (r + n - 1) % n;
+      std::vector<int32_t> out(p2p_count, r + 100), in(p2p_count, -1);
+      std::vector<int32_t> a(16, r + 1), b(16, 0), x(8, 2 * r), y(8, 0);
+      auto p2p = [&] {
+        (void)c.send(out.data(), out.size(), DataType::kInt32, to);
+        (void)c.recv(in.data(), in.size(), DataType::kInt32, from);
+      };
+      c.group_start();
+      // Rank 0: transfers first; rank 1: between the collectives; rank 2: last.
+      if (r == 0) p2p();
+      (void)c.allreduce(a.data(), b.data(), a.size(), DataType::kInt32, RedOp::kSum);
+      if (r == 1) p2p();
+      (void)c.allreduce(x.data(), y.data(), x.size(), DataType::kInt32, RedOp::kMax);
+      if (r == 2) p2p();
+      auto w = c.group_end();
+      Status st = w.is_ok() ? w->wait(std::chrono::milliseconds(20000)) : w.status();
+      if (!st.is_ok()) {
+        err[r] = st.to_string();
+        c.abort("test failed on this rank");
+        return;
+      }
+      if (b[0] != 1 + 2 + 3 || b[15] != 6) err[r] = "wrong allreduce sum " + std::to_string(b[0]);
+      else if (y[0] != 4 || y[7] != 4) err[r] = "wrong allreduce max " + std::to_string(y[0]);
+      else if (in[0] != from + 100 || in[p2p_count - 1] != from + 100) err[r] = "wrong message " + std::to_string(in[0]);
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+TEST(Groups, SendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(16); }
+TEST(Groups, LargeSendRecvAnywhereAmongTheCollectives) { run_mixed_group_orders(size_t{3} << 20); }
+
+// Messages between two ranks match in order, however each end groups its
+// calls (NCCL: PyTorch's batch_isend_irecv on one rank, plain send/recv on
+// its peer). Loom's fingerprints went on an op's first message to each peer
+// only: a receiver in separate ops then wanted a header before the second
+// message and failed with "mismatched operations: the stream from rank 0 is
+// out of step" (small) or hung until LOOM_TIMEOUT (large); a receiver that
+// grouped what its peer sent in separate ops took the second header for
+// data and returned its first 32 bytes overwritten, silently, with status
+// ok. Found by loom-stress.
+void run_regrouped_p2p(bool sender_groups, size_t count1, size_t count2) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok());
+  auto value = [](int msg, size_t i) { return static_cast<int32_t>(msg * 1000003 + i); };
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      std::vector<int32_t> m1(count1), m2(count2);
+      for (size_t i = 0; i < count1; ++i) m1[i] = r == 0 ? value(1, i) : -1;
+      for (size_t i = 0; i < count2; ++i) m2[i] = r == 0 ? value(2, i) : -1;
+      const bool grouped = (r == 0) == sender_groups;
+      std::vector<Result<Work>> works;
+      auto call = [&](std::vector<int32_t>& m) {
+        return r == 0 ? c.send(m.data(), m.size(), DataType::kInt32, 1) : c.recv(m.data(), m.size(), DataType::kInt32, 0);
+      };
+      if (grouped) {
+        c.group_start();
+        (void)call(m1);
+        (void)call(m2);
+        works.push_back(c.group_end());
+      } else {
+        works.push_back(call(m1));
+        works.push_back(call(m2));
+      }
+      for (auto& w : works) {
+        Status st = w.is_ok() ? w->wait(std::chrono::milliseconds(20000)) : w.status();
+        if (!st.is_ok()) {
+          err[r] = st.to_string();
+          c.abort("test failed on this rank");
+          return;
+        }
+      }
+      if (r == 1) {
+        for (size_t i = 0; i < count1 && err[r].empty(); ++i)
+          if (m1[i] != value(1, i)) err[r] = "message 1 element " + std::to_string(i) + " wrong";
+        for (size_t i = 0; i < count2 && err[r].empty(); ++i)
+          if (m2[i] != value(2, i)) err[r] = "message 2 element " + std::to_string(i) + " wrong";
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+TEST(Groups, SenderGroupsTwoMessagesReceiverDoesNot) { run_regrouped_p2p(true, 100, 37); }
+TEST(Groups, ReceiverGroupsTwoMessagesSenderDoesNot) { run_regrouped_p2p(false, 100, 37); }
+TEST(Groups, LargeMessagesGroupedOnOneEndOnly) {
+  run_regrouped_p2p(true, size_t{1} << 20, 3000);
+  run_regrouped_p2p(false, 3000, size_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace loom
 

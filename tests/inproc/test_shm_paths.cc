@@ -539,7 +539,7 @@ TEST(ShmPaths, HeldDoorbellsArePaidWhileThePhaseWaits) {
 
 // Small messages travel in cache-line slots (LOOM_SHM_SLOTS). One group
 // sends messages to one peer, in order: first slot-sized ones (up to the
-// 120 B payload; the first carries the op header), 36 more than the ring
+// 120 B payload with the 32 B header every send/recv message carries), 36 more than the ring
 // holds, while the receiver comes 3 ms late, so the sender fills every slot
 // and has to wait for the receiver to free them; then 60 of slot, FIFO (just
 // above a slot) and single-copy sizes mixed.
@@ -554,14 +554,16 @@ TEST(ShmPaths, SmallMessageSlotsKeepOrderAndWaitWhenFull) {
     unsetenv("LOOM_SHM_SLOTS");
     unsetenv("LOOM_SHM_SINGLE_COPY_BYTES");
     ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-    // int32 counts: 2 (8 B), 30 (120 B: a full slot), 31 (124 B: FIFO),
-    // 1, 50 (FIFO), 20000 (80 KB: single copy).
+    // int32 counts, each message with its 32 B fingerprint header: 2 (8 B),
+    // 22 (88 B: a full slot), 23 (92 B: FIFO), 1, 50 (FIFO), 20000 (80 KB:
+    // single copy). Until every send/recv message carried a header (only an
+    // op's first to a peer did) the full slot was 30.
     // The first kSlotOnly all fit a slot (a single-copy message would hold the
     // sender back until it is read; these do not), then the sizes mix.
-    const size_t counts[] = {2, 30, 31, 1, 50, 20000};
+    const size_t counts[] = {2, 22, 23, 1, 50, 20000};
     const int kSlotOnly = static_cast<int>(ShmTransport::slot_ring_size()) + 36;
     const int kMsgs = kSlotOnly + 60;
-    auto count_of = [&](int i) { return i < kSlotOnly ? (i % 2 ? size_t{30} : size_t{2}) : counts[i % 6]; };
+    auto count_of = [&](int i) { return i < kSlotOnly ? (i % 2 ? size_t{22} : size_t{2}) : counts[i % 6]; };
     const uint64_t before = ShmTransport::slot_messages();
     std::vector<std::string> err(2);
     std::vector<std::thread> ts;

@@ -742,6 +742,33 @@ TEST(Schedules, FingerprintMarksTheFirstTransferBetweenTwoRanks) {
   }
 }
 
+// Send/recv: every message carries a fingerprint, since the two ends may
+// group the messages between them differently (mark_first_contacts'
+// every_message; regression tests Groups.*GroupsTwoMessages* in inproc).
+TEST(Schedules, FingerprintOnEverySendRecvMessage) {
+  CollArgs a;
+  a.coll = Collective::kSendRecv;
+  a.nranks = 3;
+  a.rank = 0;
+  a.dt = DataType::kInt32;
+  a.p2p = {{true, 1, 5}, {true, 1, 7}, {false, 2, 3}, {false, 2, 0}, {false, 2, 4}, {true, 0, 2}, {false, 0, 2}};
+  auto s = make_schedule(a);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  ASSERT_TRUE(s->contacts_marked);
+  int sends = 0, recvs = 0;
+  for (const Phase& ph : s->phases)
+    for (const Step& st : ph.steps) {
+      if (!is_comm_step(st.kind)) {
+        EXPECT_FALSE(st.first_contact);
+        continue;
+      }
+      EXPECT_EQ(st.first_contact, st.count > 0) << describe(st);
+      (st.kind == StepKind::kSend ? sends : recvs) += st.first_contact;
+    }
+  EXPECT_EQ(sends, 2);  // both messages to rank 1 (the one to itself is a copy)
+  EXPECT_EQ(recvs, 2);  // the two non-empty ones from rank 2
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
