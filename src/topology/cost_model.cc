@@ -56,14 +56,19 @@ struct Ctx {
     LinkCost l = (k >= 0 && static_cast<size_t>(k) < c.level.size()) ? c.level[static_cast<size_t>(k)] : c.all;
     // A level whose partners sit on different hosts (ranks placed in
     // contiguous blocks of q per host, so partners 2^k >= q apart): all q
-    // ranks of a host cross at once and share its link. The ring's crossing
-    // edge carries one flow per host.
+    // ranks of a host cross at once and share its way out: one NIC, or each
+    // NIC among the ranks that use it (CommCost::ranks_per_nic). The ring's
+    // crossing edge carries one flow per host.
     // Measured, 2 hosts x 2 ranks over TCP: Rabenseifner (both ranks of a
     // host cross in its far step) 24 ms vs ring 14 ms at 4 MiB, while the
-    // per-pair model called them a tie.
+    // per-pair model called them a tie. Simulated (loom-sim, azure-ndv4.xml,
+    // a NIC per GPU): charging all 8 ranks of a host to one NIC made the
+    // far steps 4-8x too slow, and the tuner passed Rabenseifner over at
+    // 64-4096 ranks from 64 KiB (docs/simulator.md).
     if (c.nhosts > 1 && k >= 0 && k < 30) {
       const int q = (p + c.nhosts - 1) / c.nhosts;
-      if ((1 << k) >= q) l.beta_us_per_byte *= q;  // partners 2^k >= q apart: other hosts
+      const int share = c.ranks_per_nic > 0 ? std::min(q, c.ranks_per_nic) : q;
+      if ((1 << k) >= q) l.beta_us_per_byte *= share;  // partners 2^k >= q apart: other hosts
     }
     l.beta_us_per_byte *= beta_scale;
     if (level_shares_core(k)) l.beta_us_per_byte *= same_core;

@@ -171,6 +171,10 @@ struct CommCost {
   // (LOOM_SHM_ANNOUNCED_MIN_BYTES).
   size_t stage_min_bytes = 0;
   int nhosts = 1;               // hosts spanned (hierarchical algorithms)
+  // The most ranks of one host that leave it through the same NIC (0 =
+  // unknown: all of the host's ranks share one way out). A step whose
+  // partners sit on other hosts shares each NIC among this many flows.
+  int ranks_per_nic = 0;
   LinkCost intra;               // worst pair inside a host (hierarchical)
 };
 

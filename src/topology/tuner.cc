@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -182,6 +183,19 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
   // ranks, where direct one-shot only ties recursive doubling at 4 ranks.
   c.overlap_us = rt.nhosts > 1 ? 0.5 * c.all.alpha_us : 0.4;
   c.nhosts = std::max(rt.nhosts, 1);
+  if (c.nhosts > 1) {
+    // Ranks of the first host per NIC; unknown (0) when a rank has none.
+    std::map<int, int> per_nic;
+    for (int r = 0; r < std::min(rt.ranks_per_host, rt.nranks); ++r) {
+      const int nic = rt.ranks[static_cast<size_t>(r)].nic;
+      if (nic < 0) {
+        per_nic.clear();
+        break;
+      }
+      c.ranks_per_nic = std::max(c.ranks_per_nic, ++per_nic[nic]);
+    }
+    if (per_nic.empty()) c.ranks_per_nic = 0;
+  }
   if (c.nhosts == 1) {
     c.single_copy_bytes = params::shm_single_copy_xproc_bytes(p);  // ranks are processes, as usual
     c.single_copy_plain_bytes = params::shm_single_copy_plain_xproc_bytes(p);

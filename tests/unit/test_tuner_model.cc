@@ -699,6 +699,27 @@ TEST(TunerModel, CrossHostLevelsShareTheHostLink) {
               est(AlgoKind::kRing, Collective::kAllReduce, 1 << 20, p, one), 1e-9);
 }
 
+// A NIC per rank (CommCost::ranks_per_nic = 1): the crossing step's flows
+// leave by different NICs and share nothing; 2 ranks per NIC of the host's 4
+// halve the host factor. Regression: every rank of a host was charged to one
+// NIC (loom-sim on azure-ndv4: Rabenseifner priced at 4.2x its simulated time).
+TEST(TunerModel, CrossHostLevelsShareANicOnlyAmongItsRanks) {
+  const int p = 8;
+  const double a = 2.0, b = 1e-3, g = 0.5e-3, n = 1 << 20;
+  auto rab = [&](int per_nic) {
+    CommCost c = uniform(p);
+    c.nhosts = 2;  // 4 ranks per host: level 2 (partners 4 apart, the first step) crosses
+    c.ranks_per_nic = per_nic;
+    return est(AlgoKind::kRabenseifner, Collective::kAllReduce, 1 << 20, p, c);
+  };
+  const double near = 2 * (a + n / 4 * b) + n / 4 * g + 2 * (a + n / 8 * b) + n / 8 * g;
+  for (int per_nic : {0, 1, 2, 4, 8}) {
+    const int share = per_nic == 0 ? 4 : std::min(per_nic, 4);  // 0 = unknown: the host's 4
+    SCOPED_TRACE(per_nic);
+    EXPECT_NEAR(rab(per_nic), 2 * (a + n / 2 * share * b) + n / 2 * g + near, 1e-6);
+  }
+}
+
 // Halving reduce_scatter runs far-first (hypercube.cc: mask p2 >> (j+1)):
 // its first, largest step (n/2) crosses the hosts. Regression: the model
 // priced it near-first (the crossing step at n/4), so it looked cheaper
