@@ -176,6 +176,7 @@ struct CommCost {
   // partners sit on other hosts shares each NIC among this many flows.
   int ranks_per_nic = 0;
   LinkCost intra;               // worst pair inside a host (hierarchical)
+  LinkCost cross;               // worst pair on different hosts (direct phases; 0 = one host)
 };
 
 struct Estimate {

@@ -228,7 +228,9 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
   }
   for (int i : reps) {
     for (int j : reps) {
-      if (i != j && rt.ranks[static_cast<size_t>(i)].host == rt.ranks[static_cast<size_t>(j)].host) worst(c.intra, pair(i, j));
+      if (i == j) continue;
+      if (rt.ranks[static_cast<size_t>(i)].host == rt.ranks[static_cast<size_t>(j)].host) worst(c.intra, pair(i, j));
+      else worst(c.cross, pair(i, j));
     }
   }
 
@@ -246,6 +248,7 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
     scale(c.ring);
     scale(c.all);
     scale(c.intra);
+    scale(c.cross);
     for (LinkCost& l : c.level) scale(l);
   }
   if (cal_gamma_) {
