@@ -40,6 +40,13 @@ inline std::vector<ChildResult> run_on_hosts(const NetnsLab& lab, const std::vec
   if (with_deadline.timeout_s <= 0 && !std::getenv("LOOM_TIMEOUT")) with_deadline.timeout_s = std::max(5, timeout_s / 3);
   return run_processes(n, [&](int r, int fd) {
     if (!lab.enter(hosts[r])) return write_result(fd, "cannot join namespace " + lab.host(hosts[r]), 90);
+    // The lab's hosts reach each other over their veth links: an interface
+    // pinned in the caller's environment (LOOM_SOCKET_IFNAME=lo, as the rest
+    // of the suite runs) would make every rank listen on its own loopback.
+    // Regression: NetnsDoctor and NetnsFaults timed out connecting when run
+    // with the variable exported.
+    unsetenv("LOOM_SOCKET_IFNAME");
+    unsetenv("NCCL_SOCKET_IFNAME");
     setenv("LOOM_HOST_ID", lab.host(hosts[r]).c_str(), 1);
     setenv("LOOM_RANK", std::to_string(r).c_str(), 1);
     setenv("LOOM_WORLD_SIZE", std::to_string(n).c_str(), 1);
