@@ -703,14 +703,18 @@ void run_steps(Run& run, Level& lv, uint64_t first_step, uint64_t nsteps, bool w
 // the new bytes, and the final check expects exactly those (no late writes
 // either). Buffers another op of the batch also reads stay.
 std::string scribble(Issued& is) {
+  // The regions this level rewrites.
+  auto rewritten = [&is](const Prepared& pr, const Region& r) {
+    if (r.type == Region::Type::kFill || r.bytes == 0) return false;
+    if (pr.input_shared && r.alloc == pr.input) return false;
+    bool holds_output = false;
+    for (const Prepared& q : is.parts)
+      for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
+    return !holds_output || is.scribble >= 2;
+  };
   for (Prepared& pr : is.parts) {
     for (Region& r : pr.regions) {
-      if (r.type == Region::Type::kFill || r.bytes == 0) continue;
-      if (pr.input_shared && r.alloc == pr.input) continue;
-      bool holds_output = false;
-      for (const Prepared& q : is.parts)
-        for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
-      if (holds_output && is.scribble < 2) continue;
+      if (!rewritten(pr, r)) continue;
       std::string bad = check_region(r);
       if (!bad.empty()) return fmt::format("{} ({}), checked as its wait returned: {}", r.what, r.alloc->name(), bad);
       bad = check_guards(*r.alloc);
@@ -719,12 +723,7 @@ std::string scribble(Issued& is) {
   }
   for (Prepared& pr : is.parts) {
     for (Region& r : pr.regions) {
-      if (r.type == Region::Type::kFill || r.bytes == 0) continue;
-      if (pr.input_shared && r.alloc == pr.input) continue;
-      bool holds_output = false;
-      for (const Prepared& q : is.parts)
-        for (const Region& o : q.regions) holds_output = holds_output || (o.output && o.alloc == r.alloc);
-      if (holds_output && is.scribble < 2) continue;
+      if (!rewritten(pr, r)) continue;
       if (r.output) is.outputs_checked_early += r.bytes;
       std::memset(r.alloc->data() + r.off, 0xee, r.bytes);
       r.type = Region::Type::kFill;
