@@ -63,8 +63,7 @@ void configure() {
   // No known name: everything. Excluding only unknown names (NCCL's
   // ^GRAPH, copied from NCCL_DEBUG_SUBSYS) excludes nothing. Regression: it
   // excluded everything, WARN included.
-  if (exclude) g_log_subsys = ~mask;
-  else g_log_subsys = mask == 0 ? kLogAll : mask;
+  __atomic_store_n(&g_log_subsys, exclude ? ~mask : (mask == 0 ? kLogAll : mask), __ATOMIC_RELAXED);
   std::string file = env_string("LOOM_DEBUG_FILE", "");
   if (g_out && g_out != stderr) fclose(g_out);
   g_out = stderr;

@@ -38,8 +38,12 @@ void log_write(LogLevel level, unsigned subsys, const std::string& msg);
 // bootstrap): subsystems only select INFO and TRACE lines.
 inline bool log_enabled(LogLevel level, unsigned subsys) {
   detail::log_init_once();
-  return static_cast<int>(level) <= detail::g_log_level &&
-         (level == LogLevel::kWarn || (subsys & detail::g_log_subsys) != 0);
+  // Relaxed atomic loads (plain loads on x86): log_reinit may rewrite both
+  // while other threads log (the shim maps NCCL_* names at its first init
+  // while a unique id's root thread runs). Regression: TSan, a data race in
+  // NcclCompat.AnUnusedUniqueIdWarnsNobody.
+  return static_cast<int>(level) <= __atomic_load_n(&detail::g_log_level, __ATOMIC_RELAXED) &&
+         (level == LogLevel::kWarn || (subsys & __atomic_load_n(&detail::g_log_subsys, __ATOMIC_RELAXED)) != 0);
 }
 
 // Re-reads LOOM_DEBUG / LOOM_DEBUG_SUBSYS (used after the shim maps NCCL_* names).
