@@ -186,15 +186,12 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
   if (c.nhosts > 1) {
     // Ranks of the first host per NIC; unknown (0) when a rank has none.
     std::map<int, int> per_nic;
-    for (int r = 0; r < std::min(rt.ranks_per_host, rt.nranks); ++r) {
+    int most = 0;
+    for (int r = 0; r < std::min(rt.ranks_per_host, rt.nranks) && (r == 0 || most > 0); ++r) {
       const int nic = rt.ranks[static_cast<size_t>(r)].nic;
-      if (nic < 0) {
-        per_nic.clear();
-        break;
-      }
-      c.ranks_per_nic = std::max(c.ranks_per_nic, ++per_nic[nic]);
+      most = nic < 0 ? 0 : std::max(most, ++per_nic[nic]);
     }
-    if (per_nic.empty()) c.ranks_per_nic = 0;
+    c.ranks_per_nic = most;
   }
   if (c.nhosts == 1) {
     c.single_copy_bytes = params::shm_single_copy_xproc_bytes(p);  // ranks are processes, as usual
