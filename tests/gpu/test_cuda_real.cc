@@ -258,27 +258,70 @@ TEST(CudaReal, TopologyMatchesTheRuntime) {
   }
 }
 
-// Not a check: staged allreduce bus bandwidth (2 (p-1)/p * bytes / time).
+// Not a check: staged allreduce bus bandwidth (2 (p-1)/p * bytes / time),
+// beside what its parts cost alone on the same ranks and stream, to see where
+// staging's time goes:
+//   copies      device -> pinned host and back (both ranks at once)
+//   host op     the allreduce on one pinned host buffer (no staging)
+//   host op x N the same, rotating over as many pinned buffers as calls in
+//               flight (the staging pool holds one buffer per call in flight)
+//   by hand     what staging does, written by the caller: copy out, the
+//               allreduce on a pinned buffer, copy in, all on the stream
+//   staged sync staged, the stream synchronized after every call
 TEST(CudaReal, PrintStagedAllReduceBusBandwidth) {
   SKIP_WITHOUT_GPU();
+  const auto& lrt = *CudaLoader::get().runtime();
+  enum { kStaged, kCopies, kHost, kHostRot, kByHand, kStagedSync, kCases };
+  const char* names[kCases] = {"staged", "copies", "host op", "host op xN", "by hand", "staged sync"};
   for (size_t bytes : {size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
     const int iters = bytes >= (size_t{256} << 20) ? 5 : 20;
-    double secs[kRanks] = {};
+    double secs[kCases][kRanks] = {};
     with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
       Dev buf(bytes);
+      std::vector<void*> pinned(static_cast<size_t>(iters));
+      for (void*& p : pinned) {
+        ASSERT_EQ(lrt.malloc_host(&p, bytes), 0);
+        std::memset(p, 0, bytes);
+      }
       ASSERT_EQ(rt().memset_async(buf.p, 0, bytes, s), 0);
       const size_t n = bytes / 4;
-      ASSERT_EQ(ncclAllReduce(buf.p, buf.p, n, ncclFloat32, ncclSum, c, s), ncclSuccess);  // warm-up
+      auto timed = [&](int which, const std::function<void(int)>& one) {
+        // Warm-up as deep as the timed queue: staging takes a pinned buffer
+        // per call in flight, so the pool grows to the queue's depth once.
+        for (int i = 0; i < iters; ++i) one(i);
+        ASSERT_EQ(rt().stream_sync(s), 0);
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) one(i);
+        ASSERT_EQ(rt().stream_sync(s), 0);
+        secs[which][r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      };
+      auto allreduce = [&](void* p) { ASSERT_EQ(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, c, s), ncclSuccess); };
+      timed(kStaged, [&](int) { allreduce(buf.p); });
+      timed(kCopies, [&](int) {
+        ASSERT_EQ(rt().memcpy_async(pinned[0], buf.p, bytes, kD2H, s), 0);
+        ASSERT_EQ(rt().memcpy_async(buf.p, pinned[0], bytes, kH2D, s), 0);
+      });
+      timed(kHost, [&](int) { allreduce(pinned[0]); });
+      timed(kHostRot, [&](int i) { allreduce(pinned[static_cast<size_t>(i)]); });
+      timed(kByHand, [&](int i) {
+        void* h = pinned[static_cast<size_t>(i)];
+        ASSERT_EQ(rt().memcpy_async(h, buf.p, bytes, kD2H, s), 0);
+        allreduce(h);
+        ASSERT_EQ(rt().memcpy_async(buf.p, h, bytes, kH2D, s), 0);
+      });
+      timed(kStagedSync, [&](int) {
+        allreduce(buf.p);
+        ASSERT_EQ(rt().stream_sync(s), 0);
+      });
       ASSERT_EQ(rt().stream_sync(s), 0);
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i)
-        ASSERT_EQ(ncclAllReduce(buf.p, buf.p, n, ncclFloat32, ncclSum, c, s), ncclSuccess);
-      ASSERT_EQ(rt().stream_sync(s), 0);
-      secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      for (void* p : pinned) EXPECT_EQ(lrt.free_host(p), 0);
     });
-    const double t = std::max(secs[0], secs[1]);
-    const double busbw = 2.0 * (kRanks - 1) / kRanks * static_cast<double>(bytes) / t / 1e9;
-    std::printf("staged allreduce, 2 ranks, %zu MiB: %.3f ms, busbw %.2f GB/s\n", bytes >> 20, t * 1e3, busbw);
+    double t[kCases];
+    for (int k = 0; k < kCases; ++k) t[k] = std::max(secs[k][0], secs[k][1]);
+    const double busbw = 2.0 * (kRanks - 1) / kRanks * static_cast<double>(bytes) / t[kStaged] / 1e9;
+    std::printf("staged allreduce, 2 ranks, %zu MiB: %.3f ms, busbw %.2f GB/s | ms:", bytes >> 20, t[kStaged] * 1e3,
+                busbw);
+    for (int k = 1; k < kCases; ++k) std::printf(" %s %.3f%s", names[k], t[k] * 1e3, k + 1 < kCases ? "," : "\n");
   }
 }
 
