@@ -70,8 +70,8 @@ struct StreamOp {
   // op while the stream still holds the gates of the calls after it.
   bool gate_added = false;
   bool launched = false;
-  // With cuStreamWaitValue32: the word the stream waits on (pinned, staging pool).
-  std::shared_ptr<StagingLease> flag;
+  // With cuStreamWaitValue32: the comm's flag word and this op's ticket on it.
+  FlagTicket flag;
 };
 
 // Runs on the stream's host-function thread when the stream reaches the call.
@@ -97,13 +97,11 @@ void flag_when_finished(std::shared_ptr<StreamOp> so) {
     if (st.is_ok()) st = cs;
   }
   if (!st.is_ok() && log_enabled(LogLevel::kWarn)) log(LogLevel::kWarn, "stream-ordered op failed: " + st.to_string());
-  // Let go of the op (and its flag lease) before the store: once the stream
-  // passes the flag, the next call on it takes a flag word from the pool, and
-  // one this thread still held would make the pool allocate another.
-  // (keep_until_passed holds the word until the stream has read it.)
-  auto* word = reinterpret_cast<uint32_t*>(so->flag->data());
+  // The word stays allocated while this thread stores to it (the lease); the
+  // call's release host function holds it until the stream has read it.
+  FlagTicket flag = so->flag;
   so.reset();
-  std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_release);
+  flag.done();
 }
 
 // The host function of the flag path: start the op and return.
@@ -118,34 +116,32 @@ void stream_reached_async(void* arg) {
 // Fallback when the driver refuses the wait: a host function that waits.
 void wait_flag(void* arg) {
   std::unique_ptr<std::shared_ptr<StreamOp>> holder(static_cast<std::shared_ptr<StreamOp>*>(arg));
-  std::atomic_ref<uint32_t> word(*reinterpret_cast<uint32_t*>((*holder)->flag->data()));
-  while (word.load(std::memory_order_acquire) == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  const FlagTicket& flag = (*holder)->flag;
+  while (!flag_reached(flag.word, flag.wait_value())) std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 
 // Puts the op on the stream: the stream starts it and waits for it, so the
 // stream's later work sees the result. With cuStreamWaitValue32 and pinned
-// memory the stream waits on a flag word (no host function blocks); else a
-// host function waits for the op (fine where each stream has its own
-// host-function thread).
+// memory the stream waits on the comm's flag word (no host function blocks);
+// else a host function waits for the op (fine where each stream has its own
+// host-function thread). The caller keeps so->flag.lease until the stream
+// has passed the wait (finish_plan's release).
 Status launch_on_stream(ncclComm* c, const cuda::CudaRuntimeApi& rt, cudaStream_t stream, std::shared_ptr<StreamOp> so) {
   auto cs = reinterpret_cast<cuda::CudaStream>(stream);
   if (rt.stream_wait_value32 != nullptr && rt.can_stage()) {
-    Result<std::shared_ptr<StagingLease>> flag = c->staging.get(rt)->take(sizeof(uint32_t));
+    Result<FlagTicket> flag = c->staging.get(rt)->next_flag_ticket();
     if (flag.is_ok()) {
       so->flag = flag.value();
-      auto* word = reinterpret_cast<uint32_t*>(so->flag->data());
-      std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
-      cuda::CudaPointerAttributes a;
-      unsigned long long addr = reinterpret_cast<uintptr_t>(word);
-      if (rt.pointer_get_attributes(&a, word) == cuda::kCudaSuccess && a.device_pointer != nullptr)
-        addr = reinterpret_cast<uintptr_t>(a.device_pointer);
+      const unsigned long long addr = so->flag.device_address;
       auto* arg = new std::shared_ptr<StreamOp>(so);
       cuda::CudaError e = rt.launch_host_func(cs, &stream_reached_async, arg);
       if (e != cuda::kCudaSuccess) {
         delete arg;
+        so->flag.done();  // no stream waits for it; the later tickets must not wait for it either
+        so->flag = FlagTicket{};
         return cuda_error("cudaLaunchHostFunc failed: " + cuda::CudaLoader::get().error_text(e));
       }
-      if (int r = rt.stream_wait_value32(cs, addr, 1, cuda::kCuStreamWaitValueGeq); r != 0) {
+      if (int r = rt.stream_wait_value32(cs, addr, so->flag.wait_value(), cuda::kCuStreamWaitValueGeq); r != 0) {
         static std::once_flag warned;
         std::call_once(warned, [r] {
           if (log_enabled(LogLevel::kWarn))
@@ -155,8 +151,6 @@ Status launch_on_stream(ncclComm* c, const cuda::CudaRuntimeApi& rt, cudaStream_
         auto* warg = new std::shared_ptr<StreamOp>(so);
         if (rt.launch_host_func(cs, &wait_flag, warg) != cuda::kCudaSuccess) delete warg;
       }
-      // The flag goes back to the pool only after the stream has read it.
-      (void)keep_until_passed(rt, cs, so->flag);
       return Status::ok();
     }
   }
@@ -260,6 +254,15 @@ Result<bool> check_buffer(const void* p, size_t bytes, const char* name) {
   return false;  // other errors (EPERM, ENOSYS under seccomp): no probe
 }
 
+// The key under which calls on `stream` share staging buffers (StagingPool::
+// take): 0 for the handles that name different streams by thread or device
+// (0 and cudaStreamLegacy: each device's legacy stream; cudaStreamPerThread:
+// each thread's), whose calls do not share.
+uintptr_t stream_key(cudaStream_t stream) {
+  const auto v = reinterpret_cast<uintptr_t>(stream);
+  return v <= 2 ? 0 : v;
+}
+
 // One user buffer of a call; unused ones (a non-root's recvbuff) are not checked.
 struct Use {
   const void* p = nullptr;
@@ -271,7 +274,7 @@ struct Use {
 // Checks a call's buffers and stages the device ones: `send` (read) and
 // `recv` (written) are replaced by their host copies. `plan` stays null when
 // nothing is staged. A device PreMulSum scalar is staged too.
-Status stage_buffers(ncclComm* c, const void*& send, void*& recv, const Use& su, const Use& ru,
+Status stage_buffers(ncclComm* c, cudaStream_t stream, const void*& send, void*& recv, const Use& su, const Use& ru,
                      std::shared_ptr<StagePlan>& plan, std::optional<PreMulOp>* pm = nullptr) {
   bool any = false;
   if (su.used) {
@@ -286,7 +289,7 @@ Status stage_buffers(ncclComm* c, const void*& send, void*& recv, const Use& su,
   const bool device_scalar = pm != nullptr && pm->has_value() && !(*pm)->immediate && rt != nullptr &&
                              rt->can_stage();
   if (!any && !device_scalar) return Status::ok();
-  auto p = std::make_shared<StagePlan>(*rt, c->staging.get(*rt));
+  auto p = std::make_shared<StagePlan>(*rt, c->staging.get(*rt), stream_key(stream));
   // The larger buffer first: an in-place smaller one then shares its copy.
   const bool send_first = !ru.used || (su.used && su.bytes >= ru.bytes);
   for (int i = 0; i < 2; ++i) {
@@ -363,16 +366,25 @@ std::shared_ptr<StreamOp> group_stream_op(ncclComm* c, cudaStream_t stream) {
   return so;
 }
 
-// Copies out what the op wrote (when it ran) and gives the staging back once
-// the stream is past the copies.
+// Copies out what the op wrote (when it ran), lets later calls on the stream
+// reuse the staging, and gives it (and `flag`, the flag word's buffer, which
+// the stream reads until it passes the wait) back once the stream is past the
+// copies: one host function for both.
 // A failed copy out is the call's error (regression: only logged, and the
 // call returned ncclSuccess with the device buffer never written).
-Status finish_plan(const std::shared_ptr<StagePlan>& plan, cudaStream_t stream, bool ran) {
-  if (plan == nullptr) return Status::ok();
+Status finish_plan(const std::shared_ptr<StagePlan>& plan, cudaStream_t stream, bool ran,
+                   std::shared_ptr<StagingLease> flag) {
   auto cs = reinterpret_cast<cuda::CudaStream>(stream);
   Status out;
-  if (ran) out = plan->enqueue_copy_out(cs);
-  (void)plan->enqueue_release(cs, plan);
+  if (plan != nullptr) {
+    if (ran) out = plan->enqueue_copy_out(cs);
+    plan->hand_to_stream();
+  }
+  if (plan != nullptr || flag != nullptr) {
+    const cuda::CudaRuntimeApi* rt = cuda_runtime();
+    (void)keep_until_passed(*rt, cs, std::make_shared<std::pair<std::shared_ptr<StagePlan>, std::shared_ptr<StagingLease>>>(
+                                         plan, std::move(flag)));
+  }
   return out;
 }
 
@@ -429,7 +441,7 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
         }
       }
       so->launched = true;
-      Status out = finish_plan(plan, stream, batch.is_ok() && *issued);
+      Status out = finish_plan(plan, stream, batch.is_ok() && *issued, so->flag.lease);
       return launched.is_ok() ? out : launched;
     };
     return submit(c, std::move(op));
@@ -441,7 +453,7 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
   };
   if (plan != nullptr) {
     if (Status ci = plan->enqueue_copy_in(cs); !ci.is_ok()) {
-      (void)finish_plan(plan, stream, false);
+      (void)finish_plan(plan, stream, false, nullptr);
       return ci;
     }
   }
@@ -453,7 +465,7 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     c->comm->impl()->drop_start_gates(st);
     so->gate->open();  // a partly enqueued call (Gather/Scatter) must not wait for a stream
     (void)done.wait();
-    (void)finish_plan(plan, stream, false);
+    (void)finish_plan(plan, stream, false, nullptr);
     return st;
   }
   so->done = std::move(done);
@@ -464,10 +476,10 @@ Status run(ncclComm* c, cudaStream_t stream, Collective coll, size_t bytes, Issu
     so->gate->open();
     (void)so->gate->wait_finished();
     (void)so->done.wait();
-    (void)finish_plan(plan, stream, true);
+    (void)finish_plan(plan, stream, true, so->flag.lease);
     return ls;
   }
-  return finish_plan(plan, stream, true);
+  return finish_plan(plan, stream, true, so->flag.lease);
 }
 
 // Gather and Scatter have no loom collective: point-to-point in one loom
@@ -517,7 +529,7 @@ extern "C" ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, siz
     if (count == 0) return Status::ok();
     const size_t n = count * dtype_size(dt);
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
                                        {recvbuff, n, "recvbuff", true}, plan, &ro.premul));
     return run(c, stream, Collective::kAllReduce, count * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
@@ -539,7 +551,7 @@ extern "C" ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t
     if (count == 0) return Status::ok();
     const size_t n = count * dtype_size(dt);
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
                                        {recvbuff, n, "recvbuff (at root)", c->rank == root}, plan, &ro.premul));
     return run(c, stream, Collective::kReduce, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       const void* in = reduction_input(sendbuff, count, dt, ro.premul, done, so);
@@ -559,7 +571,7 @@ extern "C" ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff,
     LOOM_RETURN_IF_ERROR(check_count(recvcount, dt, p));
     if (recvcount == 0) return Status::ok();
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, recvcount * p * dtype_size(dt), "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, recvcount * p * dtype_size(dt), "sendbuff", true},
                                        {recvbuff, recvcount * dtype_size(dt), "recvbuff", true}, plan, &ro.premul));
     return run(c, stream, Collective::kReduceScatter, recvcount * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
@@ -578,7 +590,7 @@ extern "C" ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, siz
     LOOM_RETURN_IF_ERROR(check_count(sendcount, dt, p));
     if (sendcount == 0) return Status::ok();
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, sendcount * dtype_size(dt), "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, sendcount * dtype_size(dt), "sendbuff", true},
                                        {recvbuff, sendcount * p * dtype_size(dt), "recvbuff", true}, plan));
     return run(c, stream, Collective::kAllGather, sendcount * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
@@ -598,7 +610,7 @@ extern "C" ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, siz
     if (count == 0) return Status::ok();
     const size_t n = count * dtype_size(dt);
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff (at root)", c->rank == root},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, n, "sendbuff (at root)", c->rank == root},
                                        {recvbuff, n, "recvbuff", true}, plan));
     return run(c, stream, Collective::kBroadcast, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.broadcast(sendbuff, recvbuff, count, dt, root), done);
@@ -621,7 +633,7 @@ extern "C" ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size
     if (count == 0) return Status::ok();
     const size_t n = count * p * dtype_size(dt);
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, n, "sendbuff", true},
                                        {recvbuff, n, "recvbuff", true}, plan));
     return run(c, stream, Collective::kAllToAll, count * p * dtype_size(dt),
                [=](Comm& lc, Completion& done, StreamOp* so) {
@@ -640,7 +652,7 @@ extern "C" ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t
     LOOM_RETURN_IF_ERROR(check_count(count, dt, static_cast<size_t>(c->nranks)));
     if (count == 0) return Status::ok();
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff, {sendbuff, count * dtype_size(dt), "sendbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff, {sendbuff, count * dtype_size(dt), "sendbuff", true},
                                        {recvbuff, count * c->nranks * dtype_size(dt), "recvbuff (at root)",
                                         c->rank == root},
                                        plan));
@@ -663,7 +675,7 @@ extern "C" ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_
     LOOM_RETURN_IF_ERROR(check_count(count, dt, static_cast<size_t>(c->nranks)));
     if (count == 0) return Status::ok();
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, recvbuff,
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, recvbuff,
                                        {sendbuff, count * c->nranks * dtype_size(dt), "sendbuff (at root)",
                                         c->rank == root},
                                        {recvbuff, count * dtype_size(dt), "recvbuff", true}, plan));
@@ -686,7 +698,7 @@ extern "C" ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataTy
     if (count == 0) return Status::ok();
     void* unused = nullptr;
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, sendbuff, unused, {sendbuff, count * dtype_size(dt), "sendbuff", true}, {},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, sendbuff, unused, {sendbuff, count * dtype_size(dt), "sendbuff", true}, {},
                                        plan));
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.send(sendbuff, count, dt, peer), done);
@@ -704,7 +716,7 @@ extern "C" ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t d
     if (count == 0) return Status::ok();
     const void* unused = nullptr;
     std::shared_ptr<StagePlan> plan;
-    LOOM_RETURN_IF_ERROR(stage_buffers(c, unused, recvbuff, {}, {recvbuff, count * dtype_size(dt), "recvbuff", true},
+    LOOM_RETURN_IF_ERROR(stage_buffers(c, stream, unused, recvbuff, {}, {recvbuff, count * dtype_size(dt), "recvbuff", true},
                                        plan));
     return run(c, stream, Collective::kSendRecv, count * dtype_size(dt), [=](Comm& lc, Completion& done, StreamOp* so) {
       return add_work(lc.recv(recvbuff, count, dt, peer), done);

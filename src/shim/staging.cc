@@ -1,5 +1,6 @@
 #include "shim/staging.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <string>
@@ -42,20 +43,37 @@ std::string cuda_text(cuda::CudaError e) { return cuda::CudaLoader::get().error_
 
 }  // namespace
 
-StagingLease::~StagingLease() { pool_->give_back(ptr_, class_); }
+StagingLease::~StagingLease() { pool_->give_back(*this); }
 
-Result<std::shared_ptr<StagingLease>> StagingPool::take(size_t bytes) {
+bool flag_reached(const uint32_t* word, uint32_t value) {
+  std::atomic_ref<uint32_t> w(*const_cast<uint32_t*>(word));
+  return static_cast<int32_t>(w.load(std::memory_order_acquire) - value) >= 0;
+}
+
+void FlagTicket::done() const {
+  if (pool != nullptr) pool->flag_done(ticket);
+}
+
+Result<std::shared_ptr<StagingLease>> StagingPool::take(size_t bytes, uintptr_t stream) {
   bury_dead(rt_);
   const size_t cls = size_class(bytes);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_) return invalid_usage("staging pool used after its communicator was destroyed");
-    auto& list = idle_[cls];
-    if (!list.empty()) {
+    auto from = [&](std::vector<void*>& list) -> std::shared_ptr<StagingLease> {
       void* p = list.back();
       list.pop_back();
-      return std::make_shared<StagingLease>(shared_from_this(), p, cls);
+      Buf& b = bufs_.at(p);
+      b.taker = ++next_taker_;
+      if (b.pending == 0) b.stream = stream;
+      return std::make_shared<StagingLease>(shared_from_this(), p, b.taker);
+    };
+    if (stream != 0) {
+      auto it = stream_idle_.find({stream, cls});
+      if (it != stream_idle_.end() && !it->second.empty()) return from(it->second);
     }
+    auto& list = idle_[cls];
+    if (!list.empty()) return from(list);
   }
   void* p = nullptr;
   if (cuda::CudaError e = rt_.malloc_host(&p, cls); e != cuda::kCudaSuccess || p == nullptr)
@@ -63,30 +81,132 @@ Result<std::shared_ptr<StagingLease>> StagingPool::take(size_t bytes) {
                           cuda_text(e));
   std::lock_guard<std::mutex> lk(mu_);
   ++allocated_;
-  return std::make_shared<StagingLease>(shared_from_this(), p, cls);
+  Buf& b = bufs_[p];
+  b.size_class = cls;
+  b.stream = stream;
+  b.taker = ++next_taker_;
+  return std::make_shared<StagingLease>(shared_from_this(), p, b.taker);
 }
 
-void StagingPool::give_back(void* ptr, size_t size_class) {
+void StagingPool::hand_to_stream(StagingLease& lease) {
   std::lock_guard<std::mutex> lk(mu_);
+  auto it = bufs_.find(lease.ptr_);
+  if (it == bufs_.end() || it->second.taker != lease.taker_ || lease.handed_) return;
+  Buf& b = it->second;
+  if (b.stream == 0) return;  // no stream to order it: back to everyone when the lease goes
+  ++b.pending;
+  b.taker = 0;
+  lease.handed_ = true;
+  stream_idle_[{b.stream, b.size_class}].push_back(lease.ptr_);
+}
+
+void StagingPool::make_idle(void* ptr, size_t size_class) {
   if (!closed_) {
     idle_[size_class].push_back(ptr);
     return;
   }
+  bufs_.erase(ptr);
   --allocated_;
   std::lock_guard<std::mutex> glk(graveyard().mu);
   graveyard().ptrs.push_back(ptr);
 }
 
+void StagingPool::give_back(StagingLease& lease) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = bufs_.find(lease.ptr_);
+  if (it == bufs_.end()) return;
+  Buf& b = it->second;
+  if (lease.handed_) {
+    // The stream has passed this lease's copies. Still waiting in its
+    // stream's list (not taken again) and nothing else pending: everyone's.
+    if (--b.pending > 0 || b.taker != 0) return;
+    auto& list = stream_idle_[{b.stream, b.size_class}];
+    std::erase(list, lease.ptr_);
+    if (list.empty()) stream_idle_.erase({b.stream, b.size_class});
+  } else {
+    if (b.taker != lease.taker_) return;
+    b.taker = 0;
+    if (b.pending > 0) {  // dropped unused while an earlier call's copies are still on its stream
+      stream_idle_[{b.stream, b.size_class}].push_back(lease.ptr_);
+      return;
+    }
+  }
+  make_idle(lease.ptr_, b.size_class);
+}
+
+Result<FlagTicket> StagingPool::next_flag_ticket() {
+  std::shared_ptr<StagingLease> lease;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    lease = flag_;
+  }
+  if (lease == nullptr) {
+    LOOM_ASSIGN_OR_RETURN(lease, take(sizeof(uint32_t)));
+    auto* word = reinterpret_cast<uint32_t*>(lease->data());
+    std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
+    unsigned long long addr = reinterpret_cast<uintptr_t>(word);
+    cuda::CudaPointerAttributes a;
+    if (rt_.pointer_get_attributes(&a, word) == cuda::kCudaSuccess && a.device_pointer != nullptr)
+      addr = reinterpret_cast<uintptr_t>(a.device_pointer);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return invalid_usage("staging pool used after its communicator was destroyed");
+    if (flag_ == nullptr) {  // (else another thread made one first: this lease goes back)
+      flag_ = lease;
+      flag_word_ = word;
+      flag_device_address_ = addr;
+      std::atomic_ref<uint32_t>(*word).store(static_cast<uint32_t>(done_upto_), std::memory_order_release);
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_ || flag_ == nullptr) return invalid_usage("staging pool used after its communicator was destroyed");
+  FlagTicket t;
+  t.pool = shared_from_this();
+  t.lease = flag_;
+  t.word = reinterpret_cast<uint32_t*>(flag_->data());
+  t.device_address = flag_device_address_;
+  t.ticket = ++last_ticket_;
+  return t;
+}
+
+// Called by a ticket's holder, whose lease keeps the word allocated (also
+// after close(): the last ops of a destroyed comm still release their streams).
+void StagingPool::flag_done(uint64_t ticket) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (ticket != done_upto_ + 1) {
+    done_early_.insert(ticket);
+    return;
+  }
+  done_upto_ = ticket;
+  while (!done_early_.empty() && *done_early_.begin() == done_upto_ + 1) {
+    done_upto_ = *done_early_.begin();
+    done_early_.erase(done_early_.begin());
+  }
+  std::atomic_ref<uint32_t>(*flag_word_).store(static_cast<uint32_t>(done_upto_), std::memory_order_release);
+}
+
+void StagingPool::set_next_ticket_for_test(uint64_t t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  last_ticket_ = done_upto_ = t - 1;
+  if (flag_word_ != nullptr)
+    std::atomic_ref<uint32_t>(*flag_word_).store(static_cast<uint32_t>(done_upto_), std::memory_order_release);
+}
+
 void StagingPool::close() {
   std::vector<void*> idle;
+  std::shared_ptr<StagingLease> flag;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_) return;
     closed_ = true;
+    flag.swap(flag_);
     for (auto& [cls, list] : idle_) idle.insert(idle.end(), list.begin(), list.end());
     idle_.clear();
+    for (void* p : idle) bufs_.erase(p);
     allocated_ -= idle.size();
   }
+  // Buffers in a stream's list are still pending there: freed when the last
+  // lease on them goes. The flag word likewise, when no stream op holds it.
+  flag.reset();
   for (void* p : idle) (void)rt_.free_host(p);
   bury_dead(rt_);
 }
@@ -128,7 +248,7 @@ Result<void*> StagePlan::map(const void* p, size_t bytes, bool read, bool write)
     LOOM_INFO(kLogInit, "CUDA device buffers are staged through pinned host memory (cudaMemcpyAsync on the "
                         "caller's stream before and after each op); there is no GPU-direct path");
   });
-  LOOM_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, pool_->take(bytes));
+  LOOM_ASSIGN_OR_RETURN(std::shared_ptr<StagingLease> lease, pool_->take(bytes, stream_));
   std::byte* h = lease->data();
   regions_.push_back({b, bytes, std::move(lease)});
   if (read) in_.push_back({h, p, bytes});
@@ -167,8 +287,8 @@ Status keep_until_passed(const cuda::CudaRuntimeApi& rt, cuda::CudaStream stream
   return cuda_error("cudaLaunchHostFunc failed: " + cuda_text(e));
 }
 
-Status StagePlan::enqueue_release(cuda::CudaStream stream, std::shared_ptr<StagePlan> self) {
-  return keep_until_passed(rt_, stream, std::move(self));
+void StagePlan::hand_to_stream() {
+  for (Region& r : regions_) pool_->hand_to_stream(*r.lease);
 }
 
 namespace {

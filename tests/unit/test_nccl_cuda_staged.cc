@@ -19,6 +19,7 @@
 #include "gpu/mock/mock_cudart_api.h"
 #include "nccl.h"
 #include "nccl_stream_world.h"
+#include "shim/staging.h"
 
 namespace {
 
@@ -373,6 +374,128 @@ TEST(NcclCudaStaged, StagingBuffersAreReusedAndFreed) {
     EXPECT_GT(mock().host_live(), live0);
   }
   EXPECT_EQ(mock().host_live(), live0) << "staging buffers outlived their communicators";
+}
+
+// Calls queued on one stream (nothing synchronised between them) share
+// their staging: the stream runs each call's copy in after the previous
+// call's copy out. Each call has its own inputs and outputs, so a buffer
+// reused out of stream order would show as another call's values.
+// Regression: the pool took a buffer per call in flight (here 16 x 2 per
+// rank, plus a flag word each).
+TEST(NcclCudaStaged, CallsQueuedOnOneStreamShareTheirStaging) {
+  const long live0 = mock().host_live();
+  {
+    World w;
+    constexpr int kCalls = 16;
+    const size_t n = 5000;
+    std::vector<DevBufs> send, recv;
+    for (int k = 0; k < kCalls; ++k) {
+      send.push_back(per_rank(n));
+      recv.push_back(per_rank(n));
+      for (int r = 0; r < kN; ++r) {
+        fill_value(*send[k][r], static_cast<float>(k * 10 + r));
+        fill_value(*recv[k][r], kSentinel);
+      }
+    }
+    std::vector<float> one(1, 0.0f), sink(kN, 0.0f);  // a word per stream (they write at once)
+    const long total0 = mock().host_total();
+    // The streams start late, so every call is queued before any copy runs.
+    for (int r = 0; r < kN; ++r)
+      ASSERT_EQ(mock().enqueue_copy(w.s[r], &sink[r], one.data(), sizeof(float), 200), 0);
+    for (int k = 0; k < kCalls; ++k)
+      for (int r = 0; r < kN; ++r)
+        ASSERT_EQ(ncclAllReduce(send[k][r]->p, recv[k][r]->p, n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess)
+            << ncclGetLastError(w.c[r]);
+    w.sync();
+    for (int k = 0; k < kCalls; ++k)
+      for (int r = 0; r < kN; ++r)
+        EXPECT_ALL(recv[k][r]->p, n, static_cast<float>(40 * k + 6), "call " << k << " rank " << r);
+    // Per rank: the send and recv copies and the comm's flag word, once.
+    EXPECT_LE(mock().host_total() - total0, 3 * kN);
+  }
+  EXPECT_EQ(mock().host_live(), live0) << "staging buffers outlived their communicators";
+}
+
+// A buffer whose copies are still on one stream is not given to a call on
+// another stream (nothing orders the two streams): that call gets its own,
+// and once the first stream has passed its copies the buffer is anyone's.
+TEST(NcclCudaStaged, AnotherStreamDoesNotTakeABufferStillOnItsStream) {
+  World w;
+  cudaStream_t s2[kN] = {};
+  for (auto& st : s2) ASSERT_EQ(mock().stream_create(&st), 0);
+  const size_t n = 3000;
+  DevBufs a_send = per_rank(n), a_recv = per_rank(n), b_send = per_rank(n), b_recv = per_rank(n);
+  for (int r = 0; r < kN; ++r) {
+    fill_value(*a_send[r], static_cast<float>(1 + r));    // sum 10
+    fill_value(*b_send[r], static_cast<float>(100 + r));  // sum 406
+  }
+  std::vector<float> one(1, 0.0f), sink(kN, 0.0f);  // a word per stream (they write at once)
+  // Stream 1 starts late; stream 2 would copy B's input at once into a
+  // buffer it took from A (A's copy in then overwrites it, and B's op reads
+  // A's result).
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(mock().enqueue_copy(w.s[r], &sink[r], one.data(), sizeof(float), 200), 0);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(a_send[r]->p, a_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(b_send[r]->p, b_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], s2[r]), ncclSuccess);
+  for (int r = 0; r < kN; ++r) {
+    ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+    ASSERT_EQ(mock().stream_sync(s2[r]), 0);
+  }
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_ALL(a_recv[r]->p, n, 10.0f, "stream 1 call, rank " << r);
+    EXPECT_ALL(b_recv[r]->p, n, 406.0f, "stream 2 call, rank " << r);
+  }
+  // Both streams have passed their calls: a call on either reuses what is there.
+  const long total0 = mock().host_total();
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(b_send[r]->p, a_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
+  for (int r = 0; r < kN; ++r)
+    ASSERT_EQ(ncclAllReduce(a_send[r]->p, b_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], s2[r]), ncclSuccess);
+  for (int r = 0; r < kN; ++r) {
+    ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+    ASSERT_EQ(mock().stream_sync(s2[r]), 0);
+  }
+  EXPECT_EQ(mock().host_total(), total0) << "buffers the streams had passed were not reused";
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_ALL(a_recv[r]->p, n, 406.0f, "second stream 1 call, rank " << r);
+    EXPECT_ALL(b_recv[r]->p, n, 10.0f, "second stream 2 call, rank " << r);
+  }
+  for (auto& st : s2) EXPECT_EQ(mock().stream_destroy(st), 0);
+}
+
+// The comm's flag word: a stream waiting for ticket t passes only once every
+// op up to t is done, also when a later op is done first (an earlier op's
+// completion steps, e.g. Gather's root block, run on its own thread); and the
+// 32-bit word crosses zero as cuStreamWaitValue32's cyclic GEQ expects.
+TEST(NcclCudaStaged, FlagWordWaitsForEveryEarlierTicket) {
+  const auto* rt = loom::cuda::CudaLoader::get().runtime();
+  ASSERT_NE(rt, nullptr) << loom::cuda::CudaLoader::get().runtime_status();
+  auto pool = std::make_shared<loom::shim::StagingPool>(*rt);
+  pool->set_next_ticket_for_test(0xFFFFFFFEull);  // two tickets below the wrap
+  std::vector<loom::shim::FlagTicket> t;
+  for (int i = 0; i < 4; ++i) {
+    auto r = pool->next_flag_ticket();
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    t.push_back(r.value());
+  }
+  EXPECT_EQ(t[2].wait_value(), 0u);  // the word wraps between t[1] and t[2]
+  auto reached = [&](int i) { return loom::shim::flag_reached(t[i].word, t[i].wait_value()); };
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(reached(i)) << i;
+  t[2].done();  // done before t[0] and t[1]: nobody may pass yet
+  t[3].done();
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(reached(i)) << "after 2 and 3: " << i;
+  t[0].done();
+  EXPECT_TRUE(reached(0));
+  EXPECT_FALSE(reached(1));
+  EXPECT_FALSE(reached(2)) << "a stream passed an op that was not done (ticket 1 is not)";
+  t[1].done();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(reached(i)) << i;
+  EXPECT_EQ(*t[3].word, 1u);
+  pool->close();
+  t.clear();  // the word's buffer goes with its last holder
+  EXPECT_EQ(pool->allocated(), 0u);
 }
 
 // ncclCommInitRank* record the calling thread's current device

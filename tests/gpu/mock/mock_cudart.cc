@@ -319,7 +319,7 @@ long loom_mock_host_allocs_total() { return g_host_total.load(); }
 
 // cuStreamWaitValue32_v2 (driver API, looked up in the runtime library
 // first): the stream's worker polls the word until it reaches `value`
-// (flags 0 = GEQ, the only form Loom uses). LOOM_MOCK_WAIT_VALUE_FAILS=1
+// (flags 0 = GEQ, cyclic as CUDA's; the only form Loom uses). LOOM_MOCK_WAIT_VALUE_FAILS=1
 // makes it fail (CUDA_ERROR_NOT_SUPPORTED), for the host-function fallback.
 int cuStreamWaitValue32_v2(CudaStream stream, unsigned long long addr, unsigned value, unsigned flags) {
   const char* fails = std::getenv("LOOM_MOCK_WAIT_VALUE_FAILS");
@@ -329,7 +329,9 @@ int cuStreamWaitValue32_v2(CudaStream stream, unsigned long long addr, unsigned 
   auto* word = reinterpret_cast<unsigned*>(static_cast<uintptr_t>(addr));
   s->enqueue([word, value] {
     std::atomic_ref<unsigned> w(*word);
-    while (w.load(std::memory_order_acquire) < value) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // GEQ as CUDA defines it: cyclic, (int32_t)(*addr - value) >= 0.
+    while (static_cast<int32_t>(w.load(std::memory_order_acquire) - value) < 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
   });
   return 0;
 }
