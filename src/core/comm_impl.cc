@@ -281,15 +281,34 @@ void CommImpl::mark_aliased_sends(SubOp& g) {
   }
 }
 
+namespace {
+// Polls `flag` for up to `spin_us` microseconds (yielding now and then, so
+// an oversubscribed core still runs the thread that sets it); true once set.
+bool spin_for(const std::atomic<bool>& flag, int spin_us) {
+  if (spin_us <= 0) return flag.load(std::memory_order_acquire);
+  const auto until = Clock::now() + std::chrono::microseconds(spin_us);
+  for (int i = 0;; ++i) {
+    if (flag.load(std::memory_order_acquire)) return true;
+    if ((i & 63) == 63) {
+      if (Clock::now() >= until) return false;
+      sched_yield();
+    }
+    _mm_pause();
+  }
+}
+}  // namespace
+
 void StartGate::open() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     open_ = true;
+    opened_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-bool StartGate::wait_open(Deadline deadline, const std::atomic<bool>& abort) {
+bool StartGate::wait_open(Deadline deadline, const std::atomic<bool>& abort, int spin_us) {
+  if (spin_for(opened_, spin_us)) return true;
   std::unique_lock<std::mutex> lk(mu_);
   // Abort has no wake-up of its own here: look at it every few milliseconds.
   while (!open_) {
@@ -305,11 +324,13 @@ void StartGate::finish(const Status& st) {
     if (finished_) return;
     finished_ = true;
     status_ = st;
+    finished_flag_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-Status StartGate::wait_finished() {
+Status StartGate::wait_finished(int spin_us) {
+  (void)spin_for(finished_flag_, spin_us);
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return finished_; });
   return status_;
@@ -650,7 +671,7 @@ Status CommImpl::execute(Op& op) {
     // Held back until the user's stream reaches the op (shim, CUDA streams).
     const Deadline deadline = deadline_after(timeout_s_);
     for (auto& g : op.gates) {
-      if (g->wait_open(deadline, abort_)) continue;
+      if (g->wait_open(deadline, abort_, params::engine_spin_us())) continue;
       st = abort_.load() ? aborted_error("communicator aborted")
                          : timeout_error(fmt::format("{} rank {}: op #{} never started: its CUDA stream did not "
                                                      "reach it within {} s (LOOM_TIMEOUT)",

@@ -76,15 +76,18 @@ struct WorkState {
 // the op (later stream work is ordered after it).
 struct StartGate {
   void open();
-  // Waits for open(); false on deadline or abort.
-  bool wait_open(Deadline deadline, const std::atomic<bool>& abort);
+  // Waits for open(); false on deadline or abort. Polls for up to `spin_us`
+  // first (LOOM_ENGINE_SPIN_US: a sleeping thread's wake-up is the larger
+  // part of a stream-ordered op's latency where futex wake-ups are slow).
+  bool wait_open(Deadline deadline, const std::atomic<bool>& abort, int spin_us = 0);
   void finish(const Status& st);
-  Status wait_finished();
+  Status wait_finished(int spin_us = 0);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false, finished_ = false;
+  std::atomic<bool> opened_{false}, finished_flag_{false};  // the same, for polling
   Status status_;
 };
 

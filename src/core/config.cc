@@ -79,7 +79,9 @@ std::vector<ParamInfo>& registry() {
        "context-switch cost). 0: the cost model's defaults."},
       {"LOOM_ENGINE_SPIN_US", "int", "0",
        "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at "
-       "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use)."},
+       "once (a thread blocked in Work::wait runs queued operations itself, so the engine only serves async use). "
+       "Also how long the threads that wait for a CUDA-stream-ordered op's start (the stream reaching it) and end "
+       "poll before they sleep (H200 host, 2 ranks, 8 B on a stream: 59 -> 50 us per call at 500)."},
       {"LOOM_MAX_QUEUED_OPS", "int", "1024",
        "Operations a communicator queues for its progress engine before a call that would queue one more blocks "
        "(until half have run), as a CUDA stream's launch queue blocks; 0 = unbounded. Without a bound, a loop of "

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "core/comm_impl.h"
+#include "core/config.h"
 #include "cuda/cuda_loader.h"
 #include "kernels/host_reduce.h"
 #include "shim/alias.h"
@@ -74,13 +75,20 @@ struct StreamOp {
   FlagTicket flag;
 };
 
+// How long a thread waiting for a stream-ordered op polls before it sleeps
+// (LOOM_ENGINE_SPIN_US, read once).
+int gate_spin_us() {
+  static const int us = loom::params::engine_spin_us();
+  return us;
+}
+
 // Runs on the stream's host-function thread when the stream reaches the call.
 void stream_reached(void* arg) {
   std::unique_ptr<std::shared_ptr<StreamOp>> holder(static_cast<std::shared_ptr<StreamOp>*>(arg));
   StreamOp& so = **holder;
   for (auto& f : so.before) f();
   so.gate->open();
-  Status st = so.gate->wait_finished();
+  Status st = so.gate->wait_finished(gate_spin_us());
   if (so.owns_completion) st = so.done.wait();  // Gather/Scatter's root block, temporaries
   // A failure has already marked the loom communicator failed; the user sees
   // it from ncclCommGetAsyncError and from the next call.
@@ -91,7 +99,7 @@ void stream_reached(void* arg) {
 // completion steps) finished. Off the stream: host functions may not wait for
 // work that needs another stream's host function (CUDA may serialize them).
 void flag_when_finished(std::shared_ptr<StreamOp> so) {
-  Status st = so->gate->wait_finished();
+  Status st = so->gate->wait_finished(gate_spin_us());
   if (so->owns_completion) {
     Status cs = so->done.wait();
     if (st.is_ok()) st = cs;

@@ -258,6 +258,18 @@ TEST(CudaReal, TopologyMatchesTheRuntime) {
   }
 }
 
+// Seconds per call of `one(i)` with `iters` calls queued on `s`, after a
+// warm-up as deep as the timed queue (staging once took a pinned buffer per
+// call in flight; the pool's growth is not what is timed).
+double seconds_per_call(int iters, cudaStream_t s, const std::function<void(int)>& one) {
+  for (int i = 0; i < iters; ++i) one(i);
+  EXPECT_EQ(rt().stream_sync(s), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) one(i);
+  EXPECT_EQ(rt().stream_sync(s), 0);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
 // Not a check: staged allreduce bus bandwidth (2 (p-1)/p * bytes / time),
 // beside what its parts cost alone on the same ranks and stream, to see where
 // staging's time goes:
@@ -286,14 +298,7 @@ TEST(CudaReal, PrintStagedAllReduceBusBandwidth) {
       ASSERT_EQ(rt().memset_async(buf.p, 0, bytes, s), 0);
       const size_t n = bytes / 4;
       auto timed = [&](int which, const std::function<void(int)>& one) {
-        // Warm-up as deep as the timed queue: staging takes a pinned buffer
-        // per call in flight, so the pool grows to the queue's depth once.
-        for (int i = 0; i < iters; ++i) one(i);
-        ASSERT_EQ(rt().stream_sync(s), 0);
-        auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) one(i);
-        ASSERT_EQ(rt().stream_sync(s), 0);
-        secs[which][r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+        secs[which][r] = seconds_per_call(iters, s, one);
       };
       auto allreduce = [&](void* p) { ASSERT_EQ(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, c, s), ncclSuccess); };
       timed(kStaged, [&](int) { allreduce(buf.p); });
@@ -322,6 +327,46 @@ TEST(CudaReal, PrintStagedAllReduceBusBandwidth) {
     std::printf("staged allreduce, 2 ranks, %zu MiB: %.3f ms, busbw %.2f GB/s | ms:", bytes >> 20, t[kStaged] * 1e3,
                 busbw);
     for (int k = 1; k < kCases; ++k) std::printf(" %s %.3f%s", names[k], t[k] * 1e3, k + 1 < kCases ? "," : "\n");
+  }
+}
+
+// Not a check: what a stream-ordered call costs where the data is small
+// (microseconds per call, calls queued): an empty host function (CUDA's own
+// dispatch, two per staged call), the allreduce on a pinned host buffer
+// ordered on the stream (no copies), staged, and staged with the stream
+// synchronised after each call. LOOM_ENGINE_SPIN_US makes the threads that
+// wait for an op's start and end poll before they sleep.
+TEST(CudaReal, PrintStreamOrderedLatency) {
+  SKIP_WITHOUT_GPU();
+  const auto& lrt = *CudaLoader::get().runtime();
+  enum { kHostFn, kHostOp, kStaged, kStagedSync, kCases };
+  for (size_t bytes : {size_t{8}, size_t{64} << 10, size_t{1} << 20}) {
+    const int iters = bytes >= (size_t{1} << 20) ? 50 : 200;
+    double secs[kCases][kRanks] = {};
+    with_ranks([&](int r, ncclComm_t c, cudaStream_t s) {
+      Dev buf(bytes);
+      void* pinned = nullptr;
+      ASSERT_EQ(lrt.malloc_host(&pinned, bytes), 0);
+      std::memset(pinned, 0, bytes);
+      ASSERT_EQ(rt().memset_async(buf.p, 0, bytes, s), 0);
+      const size_t n = bytes / 4;
+      auto allreduce = [&](void* p) { ASSERT_EQ(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, c, s), ncclSuccess); };
+      secs[kHostFn][r] = seconds_per_call(iters, s, [&](int) {
+        ASSERT_EQ(lrt.launch_host_func(reinterpret_cast<loom::cuda::CudaStream>(s), [](void*) {}, nullptr), 0);
+      });
+      secs[kHostOp][r] = seconds_per_call(iters, s, [&](int) { allreduce(pinned); });
+      secs[kStaged][r] = seconds_per_call(iters, s, [&](int) { allreduce(buf.p); });
+      secs[kStagedSync][r] = seconds_per_call(iters, s, [&](int) {
+        allreduce(buf.p);
+        ASSERT_EQ(rt().stream_sync(s), 0);
+      });
+      EXPECT_EQ(lrt.free_host(pinned), 0);
+    });
+    double t[kCases];
+    for (int k = 0; k < kCases; ++k) t[k] = std::max(secs[k][0], secs[k][1]) * 1e6;
+    std::printf("stream-ordered allreduce, 2 ranks, %zu B: us per call: empty host function %.1f, host op on pinned "
+                "%.1f, staged %.1f, staged sync %.1f\n",
+                bytes, t[kHostFn], t[kHostOp], t[kStaged], t[kStagedSync]);
   }
 }
 

@@ -444,6 +444,35 @@ namespace {
 // search) and is cleared past 512 entries: the remembered schedule must be
 // forgotten with it. Alternate two sizes (each a hit), overflow the cache
 // with 600 distinct ones, then use the two again; every result is checked.
+// A stream-ordered op's gate (the shim's CUDA streams): the waits poll for
+// spin_us (LOOM_ENGINE_SPIN_US) and then sleep, and see open/finish and
+// abort either way.
+TEST(StartGate, PollingThenSleepingWaitsSeeOpenFinishAndAbort) {
+  const Deadline far = deadline_after(30.0);
+  std::atomic<bool> no_abort{false};
+  for (int spin_us : {0, 1000, 200000}) {  // none; shorter than the 20 ms the opener takes; longer
+    detail::StartGate g;
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      g.open();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      g.finish(Status(StatusCode::kTimeout, "op failed"));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(g.wait_open(far, no_abort, spin_us)) << spin_us;
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(15)) << "returned before open()";
+    Status st = g.wait_finished(spin_us);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << spin_us << ": " << st.to_string();
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(35)) << "returned before finish()";
+    opener.join();
+    EXPECT_TRUE(g.wait_open(far, no_abort, spin_us)) << "an open gate stays open";
+  }
+  detail::StartGate never;
+  std::atomic<bool> aborted{true};
+  EXPECT_FALSE(never.wait_open(far, aborted, 1000));
+  EXPECT_FALSE(never.wait_open(deadline_after(0.05), no_abort, 1000));
+}
+
 TEST(ScheduleCache, LastHitForgottenWhenTheCacheIsCleared) {
   auto comms = Comm::init_all(2);
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
