@@ -429,6 +429,12 @@ TEST(NcclCudaStaged, AnotherStreamDoesNotTakeABufferStillOnItsStream) {
     fill_value(*a_send[r], static_cast<float>(1 + r));    // sum 10
     fill_value(*b_send[r], static_cast<float>(100 + r));  // sum 406
   }
+  auto sync_both = [&] {
+    for (int r = 0; r < kN; ++r) {
+      ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
+      ASSERT_EQ(mock().stream_sync(s2[r]), 0);
+    }
+  };
   std::vector<float> one(1, 0.0f), sink(kN, 0.0f);  // a word per stream (they write at once)
   // Stream 1 starts late; stream 2 would copy B's input at once into a
   // buffer it took from A (A's copy in then overwrites it, and B's op reads
@@ -439,10 +445,7 @@ TEST(NcclCudaStaged, AnotherStreamDoesNotTakeABufferStillOnItsStream) {
     ASSERT_EQ(ncclAllReduce(a_send[r]->p, a_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
   for (int r = 0; r < kN; ++r)
     ASSERT_EQ(ncclAllReduce(b_send[r]->p, b_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], s2[r]), ncclSuccess);
-  for (int r = 0; r < kN; ++r) {
-    ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
-    ASSERT_EQ(mock().stream_sync(s2[r]), 0);
-  }
+  sync_both();
   for (int r = 0; r < kN; ++r) {
     EXPECT_ALL(a_recv[r]->p, n, 10.0f, "stream 1 call, rank " << r);
     EXPECT_ALL(b_recv[r]->p, n, 406.0f, "stream 2 call, rank " << r);
@@ -453,10 +456,7 @@ TEST(NcclCudaStaged, AnotherStreamDoesNotTakeABufferStillOnItsStream) {
     ASSERT_EQ(ncclAllReduce(b_send[r]->p, a_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], w.s[r]), ncclSuccess);
   for (int r = 0; r < kN; ++r)
     ASSERT_EQ(ncclAllReduce(a_send[r]->p, b_recv[r]->p, n, ncclFloat32, ncclSum, w.c[r], s2[r]), ncclSuccess);
-  for (int r = 0; r < kN; ++r) {
-    ASSERT_EQ(mock().stream_sync(w.s[r]), 0);
-    ASSERT_EQ(mock().stream_sync(s2[r]), 0);
-  }
+  sync_both();
   EXPECT_EQ(mock().host_total(), total0) << "buffers the streams had passed were not reused";
   for (int r = 0; r < kN; ++r) {
     EXPECT_ALL(a_recv[r]->p, n, 406.0f, "second stream 1 call, rank " << r);
