@@ -143,7 +143,6 @@ Result<FlagTicket> StagingPool::next_flag_ticket() {
   if (lease == nullptr) {
     LOOM_ASSIGN_OR_RETURN(lease, take(sizeof(uint32_t)));
     auto* word = reinterpret_cast<uint32_t*>(lease->data());
-    std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
     unsigned long long addr = reinterpret_cast<uintptr_t>(word);
     cuda::CudaPointerAttributes a;
     if (rt_.pointer_get_attributes(&a, word) == cuda::kCudaSuccess && a.device_pointer != nullptr)
@@ -162,7 +161,7 @@ Result<FlagTicket> StagingPool::next_flag_ticket() {
   FlagTicket t;
   t.pool = shared_from_this();
   t.lease = flag_;
-  t.word = reinterpret_cast<uint32_t*>(flag_->data());
+  t.word = flag_word_;
   t.device_address = flag_device_address_;
   t.ticket = ++last_ticket_;
   return t;
