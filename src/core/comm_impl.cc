@@ -65,6 +65,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->config_ = cfg;
   c->name_ = cfg.name.empty() ? "comm" : cfg.name;
   c->timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : params::timeout_s();
+  c->engine_spin_us_ = params::engine_spin_us();
   Deadline deadline = deadline_after(c->timeout_s_);
   // Until the comm is returned nobody can call its abort(): the caller's
   // cancel flag, if any, stops init's waits instead (the bootstrap's, the
@@ -282,19 +283,25 @@ void CommImpl::mark_aliased_sends(SubOp& g) {
 }
 
 namespace {
-// Polls `flag` for up to `spin_us` microseconds (yielding now and then, so
-// an oversubscribed core still runs the thread that sets it); true once set.
-bool spin_for(const std::atomic<bool>& flag, int spin_us) {
-  if (spin_us <= 0) return flag.load(std::memory_order_acquire);
+// Polls `done()` for up to `spin_us` microseconds (yielding now and then, so
+// an oversubscribed core still runs the thread that makes it true); true once
+// it is.
+template <class Done>
+bool spin_until(Done done, int spin_us) {
+  if (spin_us <= 0) return done();
   const auto until = Clock::now() + std::chrono::microseconds(spin_us);
   for (int i = 0;; ++i) {
-    if (flag.load(std::memory_order_acquire)) return true;
+    if (done()) return true;
     if ((i & 63) == 63) {
       if (Clock::now() >= until) return false;
       sched_yield();
     }
     _mm_pause();
   }
+}
+
+bool spin_for(const std::atomic<bool>& flag, int spin_us) {
+  return spin_until([&] { return flag.load(std::memory_order_acquire); }, spin_us);
 }
 }  // namespace
 
@@ -592,22 +599,16 @@ void CommImpl::fail(const Status& st) {
 }
 
 void CommImpl::engine_main() {
-  const auto spin = std::chrono::microseconds(params::engine_spin_us());
   for (;;) {
     // In a blocking loop the next op arrives microseconds after the last one
     // completed: poll for it briefly (yielding, so oversubscribed ranks still
     // run) before paying a futex sleep and wake-up.
-    if (spin.count() > 0) {
-      auto until = Clock::now() + spin;
-      for (int i = 0; pending_.load(std::memory_order_acquire) == 0 && !stop_requested_.load(std::memory_order_relaxed);
-           ++i) {
-        if ((i & 63) == 63) {
-          if (Clock::now() >= until) break;
-          sched_yield();
-        }
-        _mm_pause();
-      }
-    }
+    if (engine_spin_us_ > 0)
+      (void)spin_until(
+          [&] {
+            return pending_.load(std::memory_order_acquire) != 0 || stop_requested_.load(std::memory_order_relaxed);
+          },
+          engine_spin_us_);
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return !queue_.empty() || stopping_; });
@@ -671,7 +672,7 @@ Status CommImpl::execute(Op& op) {
     // Held back until the user's stream reaches the op (shim, CUDA streams).
     const Deadline deadline = deadline_after(timeout_s_);
     for (auto& g : op.gates) {
-      if (g->wait_open(deadline, abort_, params::engine_spin_us())) continue;
+      if (g->wait_open(deadline, abort_, engine_spin_us_)) continue;
       st = abort_.load() ? aborted_error("communicator aborted")
                          : timeout_error(fmt::format("{} rank {}: op #{} never started: its CUDA stream did not "
                                                      "reach it within {} s (LOOM_TIMEOUT)",

@@ -237,6 +237,7 @@ class CommImpl final : public diag::DiagClient {
 
   uint64_t next_seq_ = 0;  // issuing thread only
   bool caller_waits_ = false;  // issuing thread only: see Comm::set_caller_waits
+  int engine_spin_us_ = 0;     // LOOM_ENGINE_SPIN_US, read once at create()
   std::vector<std::shared_ptr<StartGate>> next_gates_;  // issuing thread only
   int group_depth_ = 0;
   std::vector<SubOp> group_subs_;
