@@ -140,6 +140,13 @@ long long check(const std::string& coll, const std::string& algo, const Ctx& ctx
   const bool in_place_ar = coll == "allreduce" && (algo == "ring_chunked" || algo == "halving_doubling");
   if (in_place_ar) std::fill(b.recv.begin(), b.recv.begin() + count, float(me + 1));
   if (coll == "broadcast" && me == 0) std::fill(b.recv.begin(), b.recv.begin() + count, 1.0f);
+  // ... and every rank must have refilled before anyone starts the checked
+  // run: the classic algorithms (AllgatherRing, ...) register the buffers
+  // once, so a fast neighbour's first send lands in ours at once and a
+  // refill still under way here would overwrite it (the wrong rows of
+  // gloo:ring all_gather at 4 and 8 ranks until session 41).
+  gloo::BarrierOptions filled(ctx);
+  gloo::barrier(filled);
   run();
   long long wrong = 0;
   const float total = float(n * (n + 1) / 2);

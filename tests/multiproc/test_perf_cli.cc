@@ -860,6 +860,35 @@ TEST_F(PerfCli, MpiBenchRunsWithFreshInputs) {
   EXPECT_NE(run(mpirun + "-c allreduce -x").rc, 0);
 }
 
+// gloo_bench, compare.sh's Gloo side: every algorithm verifies at 4 ranks.
+// Regression: Gloo's classic AllgatherRing registers its buffers once, and
+// the check refilled them after the barrier that starts the checked run, so
+// a fast neighbour's first block could land before a slow rank's refill and
+// be overwritten (gloo:ring all_gather wrong in 2 of 3 runs of this loop).
+TEST_F(PerfCli, GlooBenchVerifiesEveryAlgorithmAtFourRanks) {
+  if (!have("gloo_bench")) GTEST_SKIP() << "gloo_bench not built (libgloo-dev not found by CMake)";
+  for (int round = 0; round < 3; ++round) {
+    for (const char* coll : {"all_gather", "reduce_scatter"}) {
+      char dir[] = "/tmp/loom_gloo_store_XXXXXX";
+      ASSERT_NE(mkdtemp(dir), nullptr);
+      Outcome r = run(bin_dir() + "/loomrun -n 4 " + bin_dir() + "/gloo_bench -c " + coll + " -d " + dir +
+                      " -s 4K,64K,1M -n 3 -w 1");
+      (void)!system(("rm -rf " + std::string(dir)).c_str());
+      ASSERT_EQ(r.rc, 0) << r.out;
+      size_t rows = 0;
+      for (const auto& l : lines(r.out)) {
+        size_t at = l.find("gloo:");
+        if (at == std::string::npos) continue;
+        auto f = fields(l.substr(at), ',');
+        ASSERT_EQ(f.size(), 9u) << l;
+        EXPECT_EQ(f[8], "0") << coll << " round " << round << ": " << l;
+        ++rows;
+      }
+      EXPECT_EQ(rows, std::string(coll) == "all_gather" ? 6u : 3u) << r.out;
+    }
+  }
+}
+
 // compare.sh --fresh times blocking calls only (the rewrite would race with
 // calls still in flight): with --loom-nonblocking it refuses to start.
 TEST_F(PerfCli, CompareFreshNeedsBlockingLoomRuns) {
