@@ -105,12 +105,13 @@ std::vector<ParamInfo>& registry() {
        "With more ranks than cores, the direct all_gather stages each rank's block once in its scratch and every "
        "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "
        "and out per pair): from this block size on (a reader with LOOM_SHM_MAP_SHARED=0 takes it through the "
-       "FIFO); so does the direct broadcast's root with its buffer, from this size and once the op's data "
-       "(ranks x bytes) outgrows LOOM_LLC_BYTES. Larger: no staging below it. Must be the same on every rank "
+       "FIFO); so does the direct broadcast's root with its buffer, from this size and, with up to 2 ranks per "
+       "core, once the op's data (ranks x bytes) outgrows LOOM_LLC_BYTES. Larger: no staging below it. Must be the same on every rank "
        "(checked at init)."},
       {"LOOM_LLC_BYTES", "bytes", "auto",
        "The host's last-level cache, as the cost model, the streaming-copy threshold (LOOM_COPY_STREAM_BYTES) "
-       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it. auto: CPU 0's from sysfs, "
+       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it; a broadcast with more than "
+       "2 ranks per core counts no cache. auto: CPU 0's from sysfs, "
        "32M where the kernel does not say. Must be the same on every rank (checked at init)."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
@@ -361,6 +362,22 @@ uint64_t copy_stream_bytes() {
   return env_bytes("LOOM_COPY_STREAM_BYTES", host_llc_bytes() / 4);
 }
 bool oversubscribed(int local_ranks) { return local_ranks > host_cores(); }
+
+size_t broadcast_cache_bytes(int local_ranks) {
+  // With 3 and more ranks per core the pipelined FIFO broadcasts did not run
+  // at the cached rate even with their data well inside the cache, and the
+  // staged direct broadcast (one copy in, one mapped read per receiver, a
+  // hand-off per reader instead of one per chunk and hop) beat them from 256
+  // KiB. Measured, AMD EPYC guest, 2 cores, 32 MiB L3, broadcast_perf -z 1
+  // -A binomial --ab direct with staging forced (B/A, in one process,
+  // performance.md Run 41): 8 ranks 256 KiB 0.64-0.75, 1 MiB 0.51-0.52,
+  // 4 MiB 0.62-0.77, 8 MiB 0.60-0.64; 6 ranks 1 MiB 0.72-0.77, 4 MiB
+  // 0.72-0.76; 16 ranks 1 MiB 0.37. With 2 per core the discount holds and
+  // staging loses in cache: 4 ranks 256 KiB 1.46-1.67, 1 MiB 1.03-1.16.
+  // (Run 36 on an Intel guest had 8 ranks 1 MiB the other way round,
+  // binomial 214-252 us against staged 324-343.)
+  return local_ranks > 2 * host_cores() ? 0 : host_llc_bytes();
+}
 
 int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks) {
   if (host_of_rank.empty()) return nranks;

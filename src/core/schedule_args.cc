@@ -18,7 +18,8 @@ void set_job_args(CollArgs& args, const std::vector<int>& host_of_rank) {
   auto mode = parse_transport_mode(params::transport());
   const bool shm = mode.is_ok() && *mode != TransportMode::kSocket;
   args.stage_min_bytes = shm ? std::max<uint64_t>(params::shm_announced_min_bytes(), 1) : 0;
-  args.stage_cache_bytes = shm ? params::host_llc_bytes() : 0;
+  args.stage_cache_bytes =
+      shm ? params::broadcast_cache_bytes(params::ranks_on_host_of(host_of_rank, args.rank, args.nranks)) : 0;
 }
 
 size_t tuned_chunk_elems(size_t chunk_bytes, DataType dt) {

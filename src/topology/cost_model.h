@@ -160,9 +160,15 @@ struct CommCost {
   // mapping measured no such gain. Measured, 8 ranks on 2 cores, binomial,
   // -z 1, us (performance.md Run 36) against the undiscounted model:
   // 1 MiB 231-281 / 468, 2 MiB 492-594 / 936, 4 MiB 1040-1417 / 1870; from
-  // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740.
+  // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740 (an Intel
+  // guest, Run 36). On an AMD EPYC guest (Run 41) 8 ranks ran at the
+  // undiscounted price (1 MiB 481-779 / 468) while 4 ranks kept the
+  // discount (1 MiB 150-166 / 225): the tuner counts the cache only up to 2
+  // ranks per core (params::broadcast_cache_bytes).
   double fifo_cached_factor = 0.5;
-  size_t llc_bytes = 0;  // the host's last-level cache (LOOM_LLC_BYTES / sysfs)
+  // The host's last-level cache (LOOM_LLC_BYTES / sysfs), 0 with more than
+  // 2 ranks per core (params::broadcast_cache_bytes) or unknown.
+  size_t llc_bytes = 0;
   // Oversubscribed on one host with mappings on: the direct all_gather stages
   // a rank's block of at least this many bytes once in its scratch, the
   // direct broadcast's root its buffer, and every peer reads it from there

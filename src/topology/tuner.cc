@@ -202,7 +202,7 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
     // link, not a copy.
     if (!gpu) c.fused_receive_factor = 0.5;
     if (c.oversubscribed) c.cores = params::host_cores();
-    if (!gpu) c.llc_bytes = params::host_llc_bytes();
+    if (!gpu) c.llc_bytes = params::broadcast_cache_bytes(p);
     if (options_.map_shared.value_or(params::shm_map_shared() != 0)) {
       c.map_min_bytes = params::shm_map_min_bytes();
       c.map_cache_bytes = params::host_llc_bytes();

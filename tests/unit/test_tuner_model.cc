@@ -4,6 +4,7 @@
 #include "algorithms/algorithms.h"
 #include "core/btree.h"
 #include "core/config.h"
+#include "core/schedule_args.h"
 #include "test_topology_util.h"
 #include "topology/cost_model.h"
 #include "topology/topo_xml.h"
@@ -1011,6 +1012,49 @@ TEST(TunerModel, DirectBroadcastStagedOnlyBeyondTheCache) {
   EXPECT_EQ(est(AlgoKind::kDirect, bc, beyond, p, free_cores), est(AlgoKind::kDirect, bc, beyond, p, free_blind));
   EXPECT_EQ(est(AlgoKind::kBinomial, bc, in_cache, p, free_cores),
             est(AlgoKind::kBinomial, bc, in_cache, p, free_blind));
+}
+
+// The broadcast's cache (params::broadcast_cache_bytes) counts up to 2
+// ranks per core and not beyond, alike in the model (CommCost::llc_bytes,
+// the FIFO discount) and in the schedule (CollArgs::stage_cache_bytes, when
+// the direct broadcast stages). Regression: 8 ranks on 2 cores priced
+// binomial 1 MiB in cache at 258 us and ran it at 481-779, while the staged
+// direct broadcast, not offered in cache, took 247-285 (performance.md
+// Run 41).
+TEST(TunerSelect, BroadcastCountsTheCacheUpToTwoRanksPerCore) {
+  Tuner t(flat_host());
+  const int cores = params::host_cores();
+  const size_t llc = params::host_llc_bytes();
+  EXPECT_EQ(params::broadcast_cache_bytes(1), llc);
+  EXPECT_EQ(params::broadcast_cache_bytes(2 * cores), llc);
+  EXPECT_EQ(params::broadcast_cache_bytes(2 * cores + 1), 0u);
+  EXPECT_EQ(t.cost(2 * cores).llc_bytes, llc);
+  EXPECT_EQ(t.cost(4 * cores).llc_bytes, 0u);
+  // The schedule agrees: with the data in cache (p x bytes <= the LLC),
+  // the root stages its buffer in scratch at 4 ranks per core, not at 2.
+  auto staged = [&](int p, size_t bytes) {
+    CollArgs a;
+    a.coll = Collective::kBroadcast;
+    a.nranks = p;
+    a.rank = 0;
+    a.count = bytes / 4;
+    set_job_args(a, std::vector<int>(static_cast<size_t>(p), 0));
+    auto s = direct_broadcast(a);
+    EXPECT_TRUE(s.is_ok());
+    return s.is_ok() && s->scratch_count > 0;
+  };
+  const size_t bytes = size_t{1} << 20;
+  if (params::shm_map_shared() == 0) GTEST_SKIP() << "LOOM_SHM_MAP_SHARED=0: no staged broadcast";
+  if (size_t(4 * cores) * bytes <= llc) {
+    EXPECT_FALSE(staged(2 * cores, bytes));
+    auto two = t.select(Collective::kBroadcast, bytes, 2 * cores, {"binomial", "chain", "direct"});
+    ASSERT_TRUE(two.is_ok());
+    EXPECT_NE(two->algorithm, "direct") << "2 ranks per core, in cache: the FIFO algorithms";
+  }
+  EXPECT_TRUE(staged(4 * cores, bytes));
+  auto four = t.select(Collective::kBroadcast, bytes, 4 * cores, {"binomial", "chain", "direct"});
+  ASSERT_TRUE(four.is_ok());
+  EXPECT_EQ(four->algorithm, "direct") << "4 ranks per core: staged direct";
 }
 
 // The hand-off probe's round times become per-rank hand-off costs: the
