@@ -105,13 +105,13 @@ std::vector<ParamInfo>& registry() {
        "With more ranks than cores, the direct all_gather stages each rank's block once in its scratch and every "
        "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "
        "and out per pair): from this block size on (a reader with LOOM_SHM_MAP_SHARED=0 takes it through the "
-       "FIFO); so does the direct broadcast's root with its buffer, from this size and, with up to 2 ranks per "
-       "core, once the op's data (ranks x bytes) outgrows LOOM_LLC_BYTES. Larger: no staging below it. Must be the same on every rank "
+       "FIFO); so does the direct broadcast's root with its buffer, from this size and once the op's data "
+       "(ranks x bytes) outgrows LOOM_LLC_BYTES over (ranks per core)^2. Larger: no staging below it. Must be the same on every rank "
        "(checked at init)."},
       {"LOOM_LLC_BYTES", "bytes", "auto",
        "The host's last-level cache, as the cost model, the streaming-copy threshold (LOOM_COPY_STREAM_BYTES) "
-       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it; a broadcast with more than "
-       "2 ranks per core counts no cache. auto: CPU 0's from sysfs, "
+       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it (a broadcast with more ranks than "
+       "cores: over (ranks per core)^2). auto: CPU 0's from sysfs, "
        "32M where the kernel does not say. Must be the same on every rank (checked at init)."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
@@ -364,19 +364,25 @@ uint64_t copy_stream_bytes() {
 bool oversubscribed(int local_ranks) { return local_ranks > host_cores(); }
 
 size_t broadcast_cache_bytes(int local_ranks) {
-  // With 3 and more ranks per core the pipelined FIFO broadcasts did not run
-  // at the cached rate even with their data well inside the cache, and the
-  // staged direct broadcast (one copy in, one mapped read per receiver, a
-  // hand-off per reader instead of one per chunk and hop) beat them from 256
-  // KiB. Measured, AMD EPYC guest, 2 cores, 32 MiB L3, broadcast_perf -z 1
-  // -A binomial --ab direct with staging forced (B/A, in one process,
-  // performance.md Run 41): 8 ranks 256 KiB 0.64-0.75, 1 MiB 0.51-0.52,
-  // 4 MiB 0.62-0.77, 8 MiB 0.60-0.64; 6 ranks 1 MiB 0.72-0.77, 4 MiB
-  // 0.72-0.76; 16 ranks 1 MiB 0.37. With 2 per core the discount holds and
-  // staging loses in cache: 4 ranks 256 KiB 1.46-1.67, 1 MiB 1.03-1.16.
-  // (Run 36 on an Intel guest had 8 ranks 1 MiB the other way round,
-  // binomial 214-252 us against staged 324-343.)
-  return local_ranks > 2 * host_cores() ? 0 : host_llc_bytes();
+  // Ranks taking turns on a core keep less of a pipelined FIFO broadcast in
+  // cache the more of them share it; fitted on where the staged direct
+  // broadcast (one copy in, one mapped read per receiver, a hand-off per
+  // reader instead of one per chunk and hop) overtakes the binomial tree:
+  // the LLC over (ranks per core)^2. Measured, AMD EPYC guest, 2 cores, 32
+  // MiB L3, broadcast_perf -z 1 -A binomial --ab direct with staging forced
+  // (staged / binomial in one process, three runs, performance.md Run 41,
+  // docs/data/run41/broadcast-ab.txt), and from where this stages: 3 ranks
+  // 256 KiB 1.19-1.32, 4 MiB 0.62-0.79 (beyond 4.7 MiB); 4 ranks 1 MiB
+  // 1.32-1.34, 2 MiB 0.95-1.06, 4 MiB 0.81-0.86 (beyond 2 MiB); 6 ranks 256
+  // KiB 1.05-1.11, 1 MiB 0.75-0.85 (beyond 593 KiB); 8 ranks 256 KiB
+  // 0.67-0.84, 1 MiB 0.51-0.58, 128 KiB 1.33-1.66 against the tree the tuner
+  // keeps there (beyond 256 KiB); 16 ranks 256 KiB 0.46-0.54 (from the
+  // announced 128 KiB). The whole LLC until Run 41 (Run 36, an Intel guest,
+  // had 8 ranks 1 MiB the other way round: binomial 214-252 us, staged
+  // 324-343).
+  const double llc = static_cast<double>(host_llc_bytes());
+  const double per_core = static_cast<double>(local_ranks) / std::max(1, host_cores());
+  return per_core <= 1 ? static_cast<size_t>(llc) : static_cast<size_t>(llc / (per_core * per_core));
 }
 
 int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks) {

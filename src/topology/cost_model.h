@@ -163,11 +163,11 @@ struct CommCost {
   // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740 (an Intel
   // guest, Run 36). On an AMD EPYC guest (Run 41) 8 ranks ran at the
   // undiscounted price (1 MiB 481-779 / 468) while 4 ranks kept the
-  // discount (1 MiB 150-166 / 225): the tuner counts the cache only up to 2
-  // ranks per core (params::broadcast_cache_bytes).
+  // discount (1 MiB 150-166 / 225): the tuner counts the cache over (ranks
+  // per core)^2 (params::broadcast_cache_bytes).
   double fifo_cached_factor = 0.5;
-  // The host's last-level cache (LOOM_LLC_BYTES / sysfs), 0 with more than
-  // 2 ranks per core (params::broadcast_cache_bytes) or unknown.
+  // The host's last-level cache (LOOM_LLC_BYTES / sysfs) over (ranks per
+  // core)^2 (params::broadcast_cache_bytes); 0 = unknown.
   size_t llc_bytes = 0;
   // Oversubscribed on one host with mappings on: the direct all_gather stages
   // a rank's block of at least this many bytes once in its scratch, the

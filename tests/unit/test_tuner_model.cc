@@ -1014,24 +1014,25 @@ TEST(TunerModel, DirectBroadcastStagedOnlyBeyondTheCache) {
             est(AlgoKind::kBinomial, bc, in_cache, p, free_blind));
 }
 
-// The broadcast's cache (params::broadcast_cache_bytes) counts up to 2
-// ranks per core and not beyond, alike in the model (CommCost::llc_bytes,
-// the FIFO discount) and in the schedule (CollArgs::stage_cache_bytes, when
-// the direct broadcast stages). Regression: 8 ranks on 2 cores priced
-// binomial 1 MiB in cache at 258 us and ran it at 481-779, while the staged
-// direct broadcast, not offered in cache, took 247-285 (performance.md
-// Run 41).
-TEST(TunerSelect, BroadcastCountsTheCacheUpToTwoRanksPerCore) {
+// The broadcast's cache (params::broadcast_cache_bytes) is the LLC over
+// (ranks per core)^2, alike in the model (CommCost::llc_bytes, the FIFO
+// discount) and in the schedule (CollArgs::stage_cache_bytes, when the
+// direct broadcast stages). Regression: 8 ranks on 2 cores priced binomial
+// 1 MiB in cache at 258 us and ran it at 481-779, while the staged direct
+// broadcast, not offered in cache, took 247-285 (performance.md Run 41).
+TEST(TunerSelect, BroadcastCacheShrinksWithRanksPerCore) {
   Tuner t(flat_host());
   const int cores = params::host_cores();
   const size_t llc = params::host_llc_bytes();
   EXPECT_EQ(params::broadcast_cache_bytes(1), llc);
-  EXPECT_EQ(params::broadcast_cache_bytes(2 * cores), llc);
-  EXPECT_EQ(params::broadcast_cache_bytes(2 * cores + 1), 0u);
-  EXPECT_EQ(t.cost(2 * cores).llc_bytes, llc);
-  EXPECT_EQ(t.cost(4 * cores).llc_bytes, 0u);
-  // The schedule agrees: with the data in cache (p x bytes <= the LLC),
-  // the root stages its buffer in scratch at 4 ranks per core, not at 2.
+  EXPECT_EQ(params::broadcast_cache_bytes(cores), llc);
+  EXPECT_EQ(params::broadcast_cache_bytes(2 * cores), llc / 4);
+  EXPECT_EQ(params::broadcast_cache_bytes(4 * cores), llc / 16);
+  EXPECT_EQ(t.cost(2 * cores).llc_bytes, llc / 4);
+  EXPECT_EQ(t.cost(4 * cores).llc_bytes, llc / 16);
+  if (params::shm_map_shared() == 0) GTEST_SKIP() << "LOOM_SHM_MAP_SHARED=0: no staged broadcast";
+  // Whether the schedule stages the root's buffer, and the model's choice,
+  // with the op's data p x bytes just inside and twice beyond that cache.
   auto staged = [&](int p, size_t bytes) {
     CollArgs a;
     a.coll = Collective::kBroadcast;
@@ -1043,18 +1044,21 @@ TEST(TunerSelect, BroadcastCountsTheCacheUpToTwoRanksPerCore) {
     EXPECT_TRUE(s.is_ok());
     return s.is_ok() && s->scratch_count > 0;
   };
-  const size_t bytes = size_t{1} << 20;
-  if (params::shm_map_shared() == 0) GTEST_SKIP() << "LOOM_SHM_MAP_SHARED=0: no staged broadcast";
-  if (size_t(4 * cores) * bytes <= llc) {
-    EXPECT_FALSE(staged(2 * cores, bytes));
-    auto two = t.select(Collective::kBroadcast, bytes, 2 * cores, {"binomial", "chain", "direct"});
-    ASSERT_TRUE(two.is_ok());
-    EXPECT_NE(two->algorithm, "direct") << "2 ranks per core, in cache: the FIFO algorithms";
+  auto choice = [&](int p, size_t bytes) {
+    auto s = t.select(Collective::kBroadcast, bytes, p, {"binomial", "chain", "direct"});
+    EXPECT_TRUE(s.is_ok());
+    return s.is_ok() ? s->algorithm : std::string();
+  };
+  for (int per_core : {2, 4}) {
+    const int p = per_core * cores;
+    const size_t cache = params::broadcast_cache_bytes(p);
+    const size_t inside = cache / static_cast<size_t>(p) / 4 * 4, beyond = 2 * inside;
+    if (inside < params::shm_announced_min_bytes()) continue;  // never staged below it
+    EXPECT_FALSE(staged(p, inside)) << p << " ranks, " << inside << " B";
+    EXPECT_NE(choice(p, inside), "direct") << p << " ranks, " << inside << " B: the FIFO algorithms in cache";
+    EXPECT_TRUE(staged(p, beyond)) << p << " ranks, " << beyond << " B";
+    EXPECT_EQ(choice(p, beyond), "direct") << p << " ranks, " << beyond << " B: staged direct";
   }
-  EXPECT_TRUE(staged(4 * cores, bytes));
-  auto four = t.select(Collective::kBroadcast, bytes, 4 * cores, {"binomial", "chain", "direct"});
-  ASSERT_TRUE(four.is_ok());
-  EXPECT_EQ(four->algorithm, "direct") << "4 ranks per core: staged direct";
 }
 
 // The hand-off probe's round times become per-rank hand-off costs: the
