@@ -100,8 +100,9 @@ void print_usage(FILE* out, const char* prog) {
           "      --thp               buffers in 2 MiB pages advised as transparent huge pages (the\n"
           "                          header says how much the kernel gave); not with -R\n"
           "      --ab ALGO           per size, also time this run's algorithm against ALGO (on a second\n"
-          "                          communicator) in alternating blocks inside this process, out of\n"
-          "                          place, and print both times, the algorithms that ran and B/A\n"
+          "                          communicator) in alternating blocks inside this process (each side\n"
+          "                          first in half of them), out of place, and print both times, the\n"
+          "                          algorithms that ran and B/A\n"
           "      --ab-blocks N       blocks per algorithm for --ab (default 10; -n iterations in all)\n"
           "  -h, --help\n"
           "Ranks come from the environment: run under loomrun, mpirun (MPI bootstrap), srun or torchrun.\n",
@@ -325,5 +326,7 @@ std::vector<size_t> sweep_sizes(const Options& o) {
   }
   return out;
 }
+
+bool ab_a_first(int k) { return k % 2 == 0; }
 
 }  // namespace loom::perf

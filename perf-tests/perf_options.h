@@ -93,4 +93,8 @@ void print_usage(FILE* out, const char* prog);
 // The sizes (bytes) the sweep visits, in order.
 std::vector<size_t> sweep_sizes(const Options& o);
 
+// --ab: whether block `k` times A before B (even blocks) or B before A (odd):
+// each side runs first in half the blocks, so the position cancels out.
+bool ab_a_first(int k);
+
 }  // namespace loom::perf

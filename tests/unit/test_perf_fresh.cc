@@ -93,5 +93,18 @@ TEST(PerfFresh, NeedsBlockingOperations) {
   EXPECT_TRUE(ok->blocking);
 }
 
+// --ab alternates which side runs first. Regression: A always ran first,
+// and the position alone moved same-against-same runs (4 ranks, broadcast
+// 16 KiB binomial against binomial: B/A 0.46-0.48).
+TEST(PerfAb, EachSideRunsFirstInHalfTheBlocks) {
+  for (int blocks : {2, 10, 64}) {
+    int a_first = 0;
+    for (int k = 0; k < blocks; ++k) a_first += ab_a_first(k);
+    EXPECT_EQ(a_first, blocks / 2) << blocks << " blocks";
+  }
+  EXPECT_TRUE(ab_a_first(0));
+  EXPECT_NE(ab_a_first(0), ab_a_first(1));
+}
+
 }  // namespace
 }  // namespace loom::perf
