@@ -372,11 +372,11 @@ size_t broadcast_cache_bytes(int local_ranks) {
   // MiB L3, broadcast_perf -z 1 -A binomial --ab direct with staging forced
   // (staged / binomial in one process, three runs, performance.md Run 41,
   // docs/data/run41/broadcast-ab.txt), and from where this stages: 3 ranks
-  // 256 KiB 1.19-1.32, 4 MiB 0.62-0.79 (beyond 4.7 MiB); 4 ranks 1 MiB
-  // 1.32-1.34, 2 MiB 0.95-1.06, 4 MiB 0.81-0.86 (beyond 2 MiB); 6 ranks 256
-  // KiB 1.05-1.11, 1 MiB 0.75-0.85 (beyond 593 KiB); 8 ranks 256 KiB
-  // 0.67-0.84, 1 MiB 0.51-0.58, 128 KiB 1.33-1.66 against the tree the tuner
-  // keeps there (beyond 256 KiB); 16 ranks 256 KiB 0.46-0.54 (from the
+  // 256 KiB 1.21-1.42, 1 MiB 0.94-1.01, 4 MiB 0.59-0.71 (beyond 4.7 MiB); 4
+  // ranks 1 MiB 1.18-1.26, 2 MiB 0.83-1.01, 4 MiB 0.74-0.78 (beyond 2 MiB);
+  // 6 ranks 256 KiB 0.88-1.20, 1 MiB 0.65-0.75 (beyond 593 KiB); 8 ranks 256
+  // KiB 0.69-0.79, 1 MiB 0.51-0.57, 128 KiB 1.33-1.66 against the tree the
+  // tuner keeps there (beyond 256 KiB); 16 ranks 256 KiB 0.48-0.52 (from the
   // announced 128 KiB). The whole LLC until Run 41 (Run 36, an Intel guest,
   // had 8 ranks 1 MiB the other way round: binomial 214-252 us, staged
   // 324-343).

@@ -162,8 +162,8 @@ struct CommCost {
   // 1 MiB 231-281 / 468, 2 MiB 492-594 / 936, 4 MiB 1040-1417 / 1870; from
   // 8 MiB (64 MiB of data, past a 32 MiB cache) 2506-3373 / 3740 (an Intel
   // guest, Run 36). On an AMD EPYC guest (Run 41) 8 ranks ran at the
-  // undiscounted price (1 MiB 433-495 / 468) while 4 ranks kept the
-  // discount (1 MiB 122-126 / 225): the tuner counts the cache over (ranks
+  // undiscounted price (1 MiB 437-490 / 468) while 4 ranks kept the
+  // discount (1 MiB 140-148 / 225): the tuner counts the cache over (ranks
   // per core)^2 (params::broadcast_cache_bytes).
   double fifo_cached_factor = 0.5;
   // The host's last-level cache (LOOM_LLC_BYTES / sysfs) over (ranks per

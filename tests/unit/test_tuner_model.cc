@@ -1018,8 +1018,8 @@ TEST(TunerModel, DirectBroadcastStagedOnlyBeyondTheCache) {
 // (ranks per core)^2, alike in the model (CommCost::llc_bytes, the FIFO
 // discount) and in the schedule (CollArgs::stage_cache_bytes, when the
 // direct broadcast stages). Regression: 8 ranks on 2 cores priced binomial
-// 1 MiB in cache at 258 us and ran it at 433-495, while the staged direct
-// broadcast, not offered in cache, took 249-253 (performance.md Run 41).
+// 1 MiB in cache at 258 us and ran it at 437-490, while the staged direct
+// broadcast, not offered in cache, took 248-251 (performance.md Run 41).
 TEST(TunerSelect, BroadcastCacheShrinksWithRanksPerCore) {
   Tuner t(flat_host());
   const int cores = params::host_cores();
