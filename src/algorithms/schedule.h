@@ -171,8 +171,8 @@ struct CollArgs {
   // The same on every rank (settings agreed at init).
   size_t stage_min_bytes = 0;
   // The host's last-level cache where stage_min_bytes is set, over (ranks
-  // per core)^2 (params::broadcast_cache_bytes): the direct
-  // broadcast stages its root's buffer only once the op's data outgrows it
+  // per core)^2 (params::broadcast_cache_bytes): the direct broadcast
+  // stages its root's buffer only once the op's data outgrows it
   // (stages_broadcast, message_class.h).
   size_t stage_cache_bytes = 0;
 };

@@ -106,13 +106,13 @@ std::vector<ParamInfo>& registry() {
        "peer on the host reads it from there through a mapping (one copy per reader instead of a FIFO copy in "
        "and out per pair): from this block size on (a reader with LOOM_SHM_MAP_SHARED=0 takes it through the "
        "FIFO); so does the direct broadcast's root with its buffer, from this size and once the op's data "
-       "(ranks x bytes) outgrows LOOM_LLC_BYTES over (ranks per core)^2. Larger: no staging below it. Must be the same on every rank "
-       "(checked at init)."},
+       "(ranks x bytes) outgrows LOOM_LLC_BYTES over (ranks per core)^2. Larger: no staging below it. Must be "
+       "the same on every rank (checked at init)."},
       {"LOOM_LLC_BYTES", "bytes", "auto",
        "The host's last-level cache, as the cost model, the streaming-copy threshold (LOOM_COPY_STREAM_BYTES) "
-       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it (a broadcast with more ranks than "
-       "cores: over (ranks per core)^2). auto: CPU 0's from sysfs, "
-       "32M where the kernel does not say. Must be the same on every rank (checked at init)."},
+       "and the direct broadcast's staging (LOOM_SHM_ANNOUNCED_MIN_BYTES) count it (a broadcast with more ranks "
+       "than cores: over (ranks per core)^2). auto: CPU 0's from sysfs, 32M where the kernel does not say. Must "
+       "be the same on every rank (checked at init)."},
       {"LOOM_SHM_SLOTS", "bool", "1",
        "Messages of up to 120 bytes travel in cache-line slots (stamp + payload in one line) instead of the FIFO; "
        "0 = FIFO for all. The receiving rank's setting decides (both ends read it from its segment)."},

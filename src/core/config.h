@@ -72,8 +72,9 @@ uint64_t copy_stream_bytes();
 bool oversubscribed(int local_ranks);
 // The cache a broadcast of `local_ranks` ranks on this host can keep its
 // FIFO chunks in: host_llc_bytes() with a CPU per rank, over (ranks per
-// CPU)^2 with more (fitted, config.cc). The cost model's FIFO discount (CommCost::llc_bytes) and the
-// direct broadcast's staging threshold (stages_broadcast) both read it.
+// CPU)^2 with more (fitted, config.cc). The cost model's FIFO discount
+// (CommCost::llc_bytes) and the direct broadcast's staging threshold
+// (stages_broadcast) both read it.
 size_t broadcast_cache_bytes(int local_ranks);
 // The ranks on `rank`'s host (host_of_rank[r]: rank r's host; empty: one host).
 int ranks_on_host_of(const std::vector<int>& host_of_rank, int rank, int nranks);
