@@ -132,6 +132,18 @@ void mark_first_contacts(RankSchedule& s, bool every_message) {
       st.first_contact = true;
     }
   s.contacts_marked = true;
+  s.single_exchange = false;
+  // Send/recv groups keep the general path: their headers are per message.
+  if (every_message || s.phases.empty() || s.phases[0].steps.size() != 2) return;
+  for (size_t i = 1; i < s.phases.size(); ++i)
+    for (const Step& st : s.phases[i].steps)
+      if (is_comm_step(st.kind)) return;
+  const Step& snd = s.phases[0].steps[0];
+  const Step& rcv = s.phases[0].steps[1];
+  s.single_exchange = snd.kind == StepKind::kSend &&
+                      (rcv.kind == StepKind::kRecv || rcv.kind == StepKind::kRecvReduce) && snd.peer >= 0 &&
+                      snd.peer == rcv.peer && snd.count > 0 && snd.count == rcv.count && snd.first_contact &&
+                      rcv.first_contact;
 }
 
 std::string describe(const Step& s) {

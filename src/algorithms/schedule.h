@@ -116,12 +116,19 @@ struct RankSchedule {
   // to run an unmarked schedule with fingerprints on: both ends must agree
   // on which messages carry one.
   bool contacts_marked = false;
+  // The op's only communication is one exchange with one peer: its first
+  // phase holds a send and then a receive (plain or reducing) of the same
+  // count, both first contacts, and nothing else; later phases hold local
+  // steps only (the 2-rank allreduce: in place, a copy out of scratch).
+  // Set by mark_first_contacts; the executor runs such an op on a short
+  // path (Executor::run_exchange).
+  bool single_exchange = false;
 };
 
 // Sets Step::first_contact on the first send to and the first receive from
 // each peer, in the order the executor runs the steps (phase by phase, step
-// by step; transfers of no elements send nothing and are skipped), and
-// contacts_marked. make_schedule calls it; a schedule built by hand calls it
+// by step; transfers of no elements send nothing and are skipped),
+// contacts_marked and single_exchange. make_schedule calls it; a schedule built by hand calls it
 // before it runs.
 // every_message (send/recv): every transfer carries a fingerprint. Two
 // ranks may group the messages between them differently (several sends in

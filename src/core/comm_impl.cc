@@ -477,7 +477,6 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
 
 Status CommImpl::run_sub(SubOp& s) {
   const CollArgs& a = s.args;
-  Deadline deadline = coarse_deadline_after(timeout_s_);
   RankSchedule p2p_sched;
   const RankSchedule* sched = nullptr;
   // The average of fp16 / bf16 / fp8, as NCCL computes it: every input times
@@ -554,7 +553,11 @@ Status CommImpl::run_sub(SubOp& s) {
   // ---- end diag
   // The op's name is only formatted when needed (errors), not per call.
   static const std::string kNoName;  // the executor's messages get the op's name below
-  Status st = exec_->run(*sched, run_bufs, a.dt, run_args.op, deadline, kNoName);
+  // The deadline is read from the clock only once the op has to wait for it
+  // (an exchange whose peer answers at once never does).
+  Status st = sched->single_exchange
+                  ? exec_->run_exchange(*sched, run_bufs, a.dt, run_args.op, timeout_s_, kNoName)
+                  : exec_->run(*sched, run_bufs, a.dt, run_args.op, coarse_deadline_after(timeout_s_), kNoName);
   if (!st.is_ok()) {
     std::string what;
     if (a.coll == Collective::kSendRecv)

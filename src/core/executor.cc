@@ -133,15 +133,22 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
   for (const Active& a : active_) only_sends = only_sends && a.step->kind == StepKind::kSend;
   for (const Active& a : active_)
     if (a.step->kind == StepKind::kSend) a.conn->set_sender_idle(only_sends);
-  auto run_overlapped = [&]() {
-    for (const Step* s : overlapped_) mem_->copy(ptr(s->dst), ptr(s->src), s->count * es);
-    overlapped_.clear();
-  };
   if (active_.empty()) {
-    run_overlapped();
+    run_overlapped(bufs, es);
     return Status::ok();
   }
+  return drive(bufs, dt, op, deadline, what, phase_index, nphases);
+}
 
+void Executor::run_overlapped(std::vector<std::byte*>& bufs, size_t es) {
+  for (const Step* s : overlapped_)
+    mem_->copy(bufs[s->dst.buf] + s->dst.offset * es, bufs[s->src.buf] + s->src.offset * es, s->count * es);
+  overlapped_.clear();
+}
+
+Status Executor::drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
+                       const std::string& what, size_t phase_index, size_t nphases) {
+  const size_t es = dtype_size(dt);
   int idle = 0;
   // Read the clock only once the phase has to wait (most small phases don't).
   Clock::time_point last_peer_check{}, spin_until{};
@@ -266,7 +273,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
       // The first pass posted every send it could (single-copy descriptors,
       // FIFO bytes): the peers are busy, do the overlapped copies now.
       transport_->ring_owed();  // a peer asleep on those bytes should not wait for the copies
-      run_overlapped();
+      run_overlapped(bufs, es);
       moved = true;
     }
     if (all_done) return Status::ok();
@@ -340,6 +347,96 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     idle = spin_ / 2;  // after a wake-up, spin a little before sleeping again
     spin_until = Clock::now();  // ... and without the time floor
   }
+}
+
+
+Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
+                              double timeout_s, const std::string& what) {
+  const Step& snd = sched.phases[0].steps[0];
+  const Step& rcv = sched.phases[0].steps[1];
+  const size_t es = dtype_size(dt), bytes = snd.count * es, len = diag::kFingerprintBytes + bytes;
+  Connection* c = transport_->connection(snd.peer);
+  if (!fp_ || fp_->per_peer() || bytes > kCoalesceBytes || !c) {
+    ++exchange_counts_.general;
+    return run(sched, bufs, dt, op, coarse_deadline_after(timeout_s), what);
+  }
+  if (sched.scratch_count) {
+    LOOM_RETURN_IF_ERROR(ensure_scratch(sched.scratch_count * es));
+    if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
+    bufs[kBufScratch] = scratch_;
+  }
+  // The local phases after the exchange (no communication: they cannot
+  // wait or fail on a peer).
+  auto finish = [&]() {
+    for (size_t i = 1; i < sched.phases.size(); ++i)
+      LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, Deadline{}, what, i, sched.phases.size()));
+    return Status::ok();
+  };
+  // The send's doorbell is owed, as in run(): a fence right after the write
+  // would wait for its lines to leave this core (4 KiB: +0.1 us per op).
+  if (fast_wait_) transport_->hold_doorbells();
+  struct Release {  // on every way out
+    Transport* t;
+    ~Release() { t->release_doorbells(); }
+  } release{transport_};
+  c->set_send_reduced(snd.peer_reduces || sched.reduced_class);
+  c->set_send_mappable(!snd.unmapped);
+  c->set_send_announced(snd.announced);
+  const std::byte* src = bufs[snd.src.buf] + snd.src.offset * es;
+  // Written before anything of the peer's is read: an in-place op's send
+  // reads the buffer its receive then writes, as in run_phase (the send is
+  // the phase's first step).
+  const size_t sent = c->send_gather(fp_->header(), diag::kFingerprintBytes, src, bytes);
+  if (sent == Connection::kNoGather || sent == 0) {  // not whole, or no room yet: nothing went out
+    ++exchange_counts_.general;
+    return run(sched, bufs, dt, op, coarse_deadline_after(timeout_s), what);
+  }
+  c->set_recv_reduced(rcv.kind == StepKind::kRecvReduce || sched.reduced_class);
+  c->set_recv_announced(rcv.announced);
+  std::byte* dst = bufs[rcv.dst.buf] + rcv.dst.offset * es;
+  const std::byte* local = rcv.kind == StepKind::kRecvReduce ? bufs[rcv.src.buf] + rcv.src.offset * es : nullptr;
+  const int polls = fast_wait_ ? kExchangePolls : 1;
+  for (int i = 0; i < polls; ++i) {
+    auto span = c->recv_peek(len);
+    if (span.size() == len) {
+      Status st = fp_->check(rcv.peer, rcv.count, span.data());
+      if (!st.is_ok()) {
+        st = Status(st.code(), what + ": " + st.message());
+        transport_->announce_abort(st.to_string());  // as run() does on a failed phase
+        return st;
+      }
+      const std::byte* data = span.data() + diag::kFingerprintBytes;
+      if (rcv.kind == StepKind::kRecv) mem_->copy(dst, data, bytes);
+      else reduce_received(rcv, dst, local, data, rcv.count, dt, op);
+      c->recv_consume(len, len);
+      ++exchange_counts_.answered;
+      return finish();
+    }
+    if (!span.empty()) break;  // a part of it: the general loop takes it in pieces
+    if (i == 0) flush_deferred();  // diag: the op waits, as at run_phase's first idle poll
+    else if (i >= 16) transport_->ring_owed();
+    _mm_pause();
+  }
+  // The peer is late: the general loop waits, with the send already done.
+  ++exchange_counts_.handed_over;
+  progress_.nphases.store(1, std::memory_order_relaxed);
+  progress_.nslots.store(0, std::memory_order_relaxed);
+  progress_.phase.store(0, std::memory_order_relaxed);
+  reduced_class_ = sched.reduced_class;
+  active_.clear();
+  overlapped_.clear();
+  active_.push_back(Active{&snd, c, nullptr, src, bytes, bytes});
+  Active r{&rcv, c, dst, local, bytes, 0};
+  r.hdr_left = diag::kFingerprintBytes;
+  r.coalesced = true;
+  active_.push_back(r);
+  Status st = drive(bufs, dt, op, coarse_deadline_after(timeout_s), what, 0, 1);
+  if (!st.is_ok()) {
+    transport_->announce_abort(st.to_string());  // see run()
+    return st;
+  }
+  progress_.phase.store(-1, std::memory_order_relaxed);
+  return finish();
 }
 
 namespace {

@@ -46,12 +46,31 @@ class Executor {
   Status run(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
              const std::string& what);
 
+  // run() for a schedule of one exchange (RankSchedule::single_exchange)
+  // with fingerprints on: a small message (fingerprint and data, at most
+  // kCoalesceBytes) goes out at once, the peer's is taken in the poll that
+  // sees it, without run()'s per-op and per-phase set-up (~0.05 us of a
+  // 0.25 us 2-rank 8 B allreduce here, performance.md Run 42). A peer that
+  // is not there within a few polls hands the op to the general loop, with
+  // the deadline (timeout_s from now), abort, peer checks and sleep of
+  // run(); so does a message the transport cannot take whole.
+  Status run_exchange(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
+                      double timeout_s, const std::string& what);
+
   ExecProgress& progress() { return progress_; }
   // Test counters (this process): idle waits on watch words that ended
   // because a word was ready, and ones that looked their fill (approximate
   // when several threads of the process wait at once).
   static uint64_t watch_waits_ready();
   static uint64_t watch_waits_expired();
+  // Test counters of this executor (written by the thread running its op,
+  // read once the ops are done): run_exchange calls answered in its own
+  // polls, handed over to the general loop (a late peer), and run by run()
+  // (the transport could not take the message whole, or no fingerprints).
+  struct ExchangeCounts {
+    uint64_t answered = 0, handed_over = 0, general = 0;
+  };
+  const ExchangeCounts& exchange_counts() const { return exchange_counts_; }
   // ---- diag: in-band fingerprint of the next run() (nullptr = none); the
   // object must stay valid during run().
   void set_fingerprint(const diag::Fingerprint* fp) { fp_ = fp; }
@@ -85,6 +104,14 @@ class Executor {
   };
   Status run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
                    const std::string& what, size_t phase_index, size_t nphases);
+  // The phase loop: progresses active_ (and overlapped_) until done, failed,
+  // aborted or past the deadline.
+  Status drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline, const std::string& what,
+               size_t phase_index, size_t nphases);
+  void run_overlapped(std::vector<std::byte*>& bufs, size_t es);
+  // Polls of run_exchange before it hands over to drive(): ranks with a core
+  // each (fast_wait_) poll a while, oversubscribed ones look once.
+  static constexpr int kExchangePolls = 256;
   Status ensure_scratch(size_t bytes);
   // ---- diag: fingerprint header handling (see diag/fingerprint.h)
   void arm_fingerprint(Active& a);  // for a Step::first_contact transfer
@@ -107,6 +134,7 @@ class Executor {
   static constexpr int kFastWaitPolls = 64;   // idle polls that may wait on watches
   static constexpr int kFastWaitLooks = 64;   // looks at the watch words per such poll
 
+  ExchangeCounts exchange_counts_;
   int rank_, nranks_;
   Transport* transport_;
   MemoryBackend* mem_;

@@ -1,6 +1,7 @@
 // The shared-memory transport's two data paths — FIFO copies and single-copy
 // reads from the sender's memory (process_vm_readv) — give the same results,
 // including messages that straddle the FIFO's wrap point and mixed sizes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "core/comm_impl.h"
 #include "core/config.h"
 #include "core/executor.h"
 #include "transport/shm/shm_transport.h"
@@ -667,6 +669,81 @@ TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
   const uint64_t before_plain = ShmTransport::gathered_messages();
   run_all(*plain, std::vector<testing::Case>(cases.begin(), cases.begin() + static_cast<ptrdiff_t>(distinct)));
   EXPECT_EQ(ShmTransport::gathered_messages() - before_plain, 0u);
+}
+
+// A 2-rank allreduce of up to 4 KiB is one exchange (RankSchedule::
+// single_exchange) and runs on Executor::run_exchange's short path: taken in
+// its own polls when the peer is there, handed to the general loop when the
+// peer is late (here rank 1 comes 2 ms late every 10th op), right results
+// either way, in and out of place, slot and FIFO messages. A mismatch seen
+// there fails both ranks naming it. (A peer that never comes: Errors.
+// MissingPeerTimesOutNamingIt, a 4 KiB allreduce, through the hand-over.)
+TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
+  setenv("LOOM_TIMEOUT", "30", 1);
+  auto comms = Comm::init_all(2);
+  unsetenv("LOOM_TIMEOUT");
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  const size_t counts[] = {2, 75, 1024};  // int32: 8 B (slot), 300 B and 4 KiB (FIFO)
+  constexpr int kOps = 40;                // per size and placement
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      Comm& c = *(*comms)[r];
+      for (size_t count : counts)
+        for (int in_place = 0; in_place < 2 && err[r].empty(); ++in_place)
+          for (int i = 0; i < kOps && err[r].empty(); ++i) {
+            if (r == 1 && i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            std::vector<int32_t> send(count), recv(count, -1);
+            for (size_t k = 0; k < count; ++k) send[k] = static_cast<int32_t>((r + 1) * 1000 + i + k);
+            int32_t* out = in_place ? send.data() : recv.data();
+            auto w = c.allreduce(send.data(), out, count, DataType::kInt32, RedOp::kSum);
+            Status st = w.is_ok() ? w->wait() : w.status();
+            for (size_t k = 0; st.is_ok() && k < count; ++k)
+              if (out[k] != static_cast<int32_t>(3000 + 2 * (i + k)))
+                st = Status(StatusCode::kInternal, fmt::format("count {} in place {} op {} element {}: {}", count,
+                                                               in_place, i, k, out[k]));
+            if (!st.is_ok()) {
+              err[r] = st.to_string();
+              c.abort("test failure");
+            }
+          }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  const int ops = 3 * 2 * kOps;
+  for (int r = 0; r < 2; ++r) {
+    const auto& n = (*comms)[r]->impl()->executor_for_test().exchange_counts();
+    SCOPED_TRACE(fmt::format("rank {}: answered {}, handed over {}, general {}", r, n.answered, n.handed_over,
+                             n.general));
+    EXPECT_EQ(n.answered + n.handed_over + n.general, static_cast<uint64_t>(ops)) << "an op not run as an exchange";
+    EXPECT_GE(n.answered, static_cast<uint64_t>(ops / 2)) << "the short path's own polls took too few";
+    EXPECT_LE(n.general, static_cast<uint64_t>(ops / 10)) << "messages the transport could not take whole";
+  }
+  // Rank 0 waits 2 ms for each late op of rank 1: far past its own polls
+  // (unless it lost its core for that long after sending: half will do).
+  EXPECT_GE((*comms)[0]->impl()->executor_for_test().exchange_counts().handed_over, static_cast<uint64_t>(ops / 20));
+
+  // Different calls (int32 against float): both ranks fail, naming the mismatch.
+  std::vector<Status> st(2);
+  ts.clear();
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<int32_t> buf(2, 1);
+      auto w = (*comms)[r]->allreduce(buf.data(), buf.data(), 2, r == 0 ? DataType::kInt32 : DataType::kFloat32,
+                                      RedOp::kSum);
+      st[r] = w.is_ok() ? w->wait() : w.status();
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].is_ok()) << "rank " << r;
+    // The rank that fails second may learn of it from the other's failure instead.
+    if (st[r].code() != StatusCode::kRemoteError) {
+      EXPECT_NE(st[r].message().find("mismatch"), std::string::npos) << "rank " << r << ": " << st[r].to_string();
+    }
+  }
+  EXPECT_TRUE(st[0].code() != StatusCode::kRemoteError || st[1].code() != StatusCode::kRemoteError)
+      << "neither rank saw the mismatch: " << st[0].to_string() << " / " << st[1].to_string();
 }
 
 // An idle receiver waits on the word that announces its message (the slot's

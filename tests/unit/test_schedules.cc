@@ -769,6 +769,46 @@ TEST(Schedules, FingerprintOnEverySendRecvMessage) {
   EXPECT_EQ(recvs, 2);  // the two non-empty ones from rank 2
 }
 
+// RankSchedule::single_exchange (Executor::run_exchange's short path) marks
+// exactly the schedules whose only communication is one send and one
+// receive with one peer in the first phase: the 2-rank allreduce (in place:
+// a copy out of scratch follows), not a schedule of two exchanges, a
+// one-way transfer or a send/recv group.
+TEST(Schedules, SingleExchangeMarksOnlyOneSendAndOneReceive) {
+  auto marked = [](Collective coll, const char* algo, int n, bool in_place, size_t count = 2) {
+    CollArgs a = rooted(coll, n, 1, 0, count);
+    a.dt = DataType::kInt32;
+    a.in_place = in_place;
+    auto s = make_schedule(a, algo);
+    EXPECT_TRUE(s.is_ok()) << algo << ": " << s.status().to_string();
+    if (!s.is_ok()) return false;
+    if (s->single_exchange) {  // what run_exchange relies on
+      EXPECT_EQ(s->phases[0].steps.size(), 2u);
+      EXPECT_EQ(s->phases[0].steps[0].kind, StepKind::kSend);
+      EXPECT_TRUE(is_comm_step(s->phases[0].steps[1].kind));
+      for (size_t i = 1; i < s->phases.size(); ++i)
+        for (const Step& st : s->phases[i].steps) EXPECT_FALSE(is_comm_step(st.kind)) << describe(st);
+    }
+    return s->single_exchange;
+  };
+  EXPECT_TRUE(marked(Collective::kAllReduce, "hypercube", 2, false));
+  EXPECT_TRUE(marked(Collective::kAllReduce, "hypercube", 2, true));  // + a copy phase
+  EXPECT_TRUE(marked(Collective::kAllReduce, "direct", 2, false));
+  EXPECT_FALSE(marked(Collective::kAllReduce, "hypercube", 4, false));  // two exchanges
+  EXPECT_FALSE(marked(Collective::kAllReduce, "hypercube", 3, false));  // the folded rank 1: three
+  EXPECT_FALSE(marked(Collective::kAllReduce, "ring", 2, false));       // reduce-scatter, then all-gather
+  EXPECT_FALSE(marked(Collective::kBroadcast, "binomial", 2, false));   // rank 1 only receives
+  EXPECT_FALSE(marked(Collective::kAllReduce, "hypercube", 2, false, 0));  // nothing to send
+  CollArgs p;
+  p.coll = Collective::kSendRecv;
+  p.nranks = 2;
+  p.rank = 0;
+  p.p2p = {{true, 1, 4}, {false, 1, 4}};
+  auto s = make_schedule(p);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(s->single_exchange);  // a fingerprint per message: not the collective header
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
