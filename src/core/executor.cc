@@ -367,8 +367,20 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   }
   // The local phases after the exchange (no communication: they cannot
   // wait or fail on a peer).
+  // In place, the exchange reduces into scratch and a second phase copies
+  // that into the buffer: a single-copy send may be read until its phase
+  // ends, so the schedule writes nothing it sends. This message went out
+  // whole before anything is received (or the op runs as run() below):
+  // the receive lands where that copy would put it, and the copy goes.
+  const Step* folded = nullptr;
+  if (sched.phases.size() == 2 && sched.phases[1].steps.size() == 1) {
+    const Step& cp = sched.phases[1].steps[0];
+    if (cp.kind == StepKind::kCopy && cp.src.buf == rcv.dst.buf && cp.src.offset == rcv.dst.offset &&
+        cp.count == rcv.count)
+      folded = &cp;
+  }
   auto finish = [&]() {
-    for (size_t i = 1; i < sched.phases.size(); ++i)
+    for (size_t i = folded ? 2 : 1; i < sched.phases.size(); ++i)
       LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, Deadline{}, what, i, sched.phases.size()));
     return Status::ok();
   };
@@ -393,7 +405,8 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   }
   c->set_recv_reduced(rcv.kind == StepKind::kRecvReduce || sched.reduced_class);
   c->set_recv_announced(rcv.announced);
-  std::byte* dst = bufs[rcv.dst.buf] + rcv.dst.offset * es;
+  const BufRef to = folded ? folded->dst : rcv.dst;
+  std::byte* dst = bufs[to.buf] + to.offset * es;
   const std::byte* local = rcv.kind == StepKind::kRecvReduce ? bufs[rcv.src.buf] + rcv.src.offset * es : nullptr;
   const int polls = fast_wait_ ? kExchangePolls : 1;
   for (int i = 0; i < polls; ++i) {
