@@ -178,6 +178,17 @@ class CommImpl final : public diag::DiagClient {
   // Runs a dequeued (or never queued) op: its start gates, its sub-ops, and
   // on failure marks the communicator failed. The caller holds the EngineGate.
   Status execute(Op& op);
+  // Why no op may start now (the communicator failed or was aborted), or ok.
+  Status start_status() const;
+  // run_sub; a failure marks the communicator failed (fail()).
+  Status run_checked(SubOp& sub);
+  // A caller that waits (Comm::set_caller_waits), nothing queued, and the
+  // engine gate free: takes it into `g` and says the op may run at issue.
+  bool take_gate_at_issue(std::unique_lock<GateLock>& g);
+  // Runs `run` as an op at issue under the gate held: the bookkeeping of
+  // running_at_issue_ and the Work handed back.
+  template <class Run>
+  Result<Work> at_issue(Run run);
   // Marks group sends whose buffer overlaps a receive of the group (staged).
   void mark_aliased_sends(SubOp& group);
   void engine_main();
