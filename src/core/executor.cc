@@ -356,7 +356,7 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   const Step& rcv = sched.phases[0].steps[1];
   const size_t es = dtype_size(dt), bytes = snd.count * es, len = diag::kFingerprintBytes + bytes;
   Connection* c = transport_->connection(snd.peer);
-  if (!fp_ || fp_->per_peer() || bytes > kCoalesceBytes || !c) {
+  if (!fp_ || fp_->per_peer() || bytes > kExchangeMaxBytes || !c) {
     ++exchange_counts_.general;
     return run(sched, bufs, dt, op, coarse_deadline_after(timeout_s), what);
   }

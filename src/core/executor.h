@@ -47,15 +47,22 @@ class Executor {
              const std::string& what);
 
   // run() for a schedule of one exchange (RankSchedule::single_exchange)
-  // with fingerprints on: a small message (fingerprint and data, at most
-  // kCoalesceBytes) goes out at once, the peer's is taken in the poll that
-  // sees it, without run()'s per-op and per-phase set-up (~0.05 us of a
-  // 0.25 us 2-rank 8 B allreduce here, performance.md Run 42). A peer that
-  // is not there within a few polls hands the op to the general loop, with
-  // the deadline (timeout_s from now), abort, peer checks and sleep of
-  // run(); so does a message the transport cannot take whole.
+  // with fingerprints on: a small message (the fingerprint and at most
+  // kExchangeMaxBytes of data) goes out at once, and the peer's is taken in
+  // the poll that sees it, without run()'s per-op and per-phase set-up
+  // (~0.05 us of a 0.25 us 2-rank 8 B allreduce here, performance.md Run
+  // 42). A peer that is not there within a few polls hands the op to the
+  // general loop, with the deadline (timeout_s from now), abort, peer
+  // checks and sleep of run(). Larger messages, and ones the transport
+  // cannot take whole, run as run().
   Status run_exchange(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
                       double timeout_s, const std::string& what);
+  // Data sizes run_exchange takes. Measured against the general loop
+  // (alternating runs, 2 ranks, us, out of place / in place): 1 KiB
+  // 0.34-0.38 / 0.34-0.37 against 0.39-0.51 / 0.41-0.56, 2 KiB 0.45-0.47 /
+  // 0.46-0.47 against 0.48-0.53 / 0.50-0.55, 3 KiB level, 4 KiB in place
+  // 0.79-0.82 against 0.70-0.79 (performance.md Run 42).
+  static constexpr size_t kExchangeMaxBytes = 2048;
 
   ExecProgress& progress() { return progress_; }
   // Test counters (this process): idle waits on watch words that ended

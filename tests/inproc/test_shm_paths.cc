@@ -671,19 +671,19 @@ TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
   EXPECT_EQ(ShmTransport::gathered_messages() - before_plain, 0u);
 }
 
-// A 2-rank allreduce of up to 4 KiB is one exchange (RankSchedule::
-// single_exchange) and runs on Executor::run_exchange's short path: taken in
-// its own polls when the peer is there, handed to the general loop when the
-// peer is late (here rank 1 comes 2 ms late every 10th op), right results
-// either way, in and out of place, slot and FIFO messages. A mismatch seen
-// there fails both ranks naming it. (A peer that never comes: Errors.
-// MissingPeerTimesOutNamingIt, a 4 KiB allreduce, through the hand-over.)
+// A 2-rank allreduce is one exchange (RankSchedule::single_exchange); up to
+// 2 KiB it runs on Executor::run_exchange's short path: taken in its own
+// polls when the peer is there, handed to the general loop when the peer is
+// late (here rank 1 comes 2 ms late every 10th op), right results either
+// way, in and out of place, slot and FIFO messages; 4 KiB goes to run(). A
+// mismatch seen there fails both ranks naming it. (A peer that never comes:
+// CallerRuns.FailureAtIssueIsReported, 16 B, through the hand-over.)
 TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
   setenv("LOOM_TIMEOUT", "30", 1);
   auto comms = Comm::init_all(2);
   unsetenv("LOOM_TIMEOUT");
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-  const size_t counts[] = {2, 75, 1024};  // int32: 8 B (slot), 300 B and 4 KiB (FIFO)
+  const size_t counts[] = {2, 75, 512};  // int32: 8 B (slot), 300 B and 2 KiB (FIFO)
   constexpr int kOps = 40;                // per size and placement
   std::vector<std::string> err(2);
   std::vector<std::thread> ts;
@@ -723,6 +723,26 @@ TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
   // Rank 0 waits 2 ms for each late op of rank 1: far past its own polls
   // (unless it lost its core for that long after sending: half will do).
   EXPECT_GE((*comms)[0]->impl()->executor_for_test().exchange_counts().handed_over, static_cast<uint64_t>(ops / 20));
+
+  // Beyond Executor::kExchangeMaxBytes: the general path (run()).
+  uint64_t general_before[2];
+  for (int r = 0; r < 2; ++r) general_before[r] = (*comms)[r]->impl()->executor_for_test().exchange_counts().general;
+  ts.clear();
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<int32_t> buf(Executor::kExchangeMaxBytes / sizeof(int32_t) + 1, r + 1);
+      for (int i = 0; i < 5 && err[r].empty(); ++i) {
+        auto w = (*comms)[r]->allreduce(buf.data(), buf.data(), buf.size(), DataType::kInt32, RedOp::kSum);
+        Status st = w.is_ok() ? w->wait() : w.status();
+        if (st.is_ok() && buf.back() != 3 << i) st = Status(StatusCode::kInternal, fmt::format("op {}: {}", i, buf.back()));
+        if (!st.is_ok()) err[r] = st.to_string();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(err[r], "") << "rank " << r;
+    EXPECT_EQ((*comms)[r]->impl()->executor_for_test().exchange_counts().general - general_before[r], 5u) << "rank " << r;
+  }
 
   // Different calls (int32 against float): both ranks fail, naming the mismatch.
   std::vector<Status> st(2);
