@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/test_util.h"
@@ -19,6 +21,15 @@
 
 namespace loom {
 namespace {
+
+// n thread ranks created with the variables `env` set (and unset again after).
+Result<std::vector<std::unique_ptr<Comm>>> init_with_env(
+    int n, std::initializer_list<std::pair<const char*, const char*>> env) {
+  for (const auto& [k, v] : env) setenv(k, v, 1);
+  auto comms = Comm::init_all(n);
+  for (const auto& [k, v] : env) unsetenv(k);
+  return comms;
+}
 
 void run_all(std::vector<std::unique_ptr<Comm>>& comms, const std::vector<testing::Case>& cases) {
   const auto err = testing::run_cases_on_threads(comms, cases);
@@ -480,11 +491,7 @@ TEST(ShmPaths, SleepingRanksAreWokenByDataEvents) {
 // time floor) in its receive. Were the doorbell held until rank 1's phase
 // ends, rank 0 would wake only when its wait times out (50 ms chunks).
 TEST(ShmPaths, HeldDoorbellsArePaidWhileThePhaseWaits) {
-  setenv("LOOM_SPIN", "1", 1);
-  setenv("LOOM_SPIN_US", "0", 1);
-  auto comms = Comm::init_all(2);
-  unsetenv("LOOM_SPIN");
-  unsetenv("LOOM_SPIN_US");
+  auto comms = init_with_env(2, {{"LOOM_SPIN", "1"}, {"LOOM_SPIN_US", "0"}});
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
   using Clock = std::chrono::steady_clock;
   for (size_t count : {size_t{2}, size_t{300}}) {  // int32: a slot, the FIFO
@@ -679,9 +686,7 @@ TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
 // mismatch seen there fails both ranks naming it. (A peer that never comes:
 // CallerRuns.FailureAtIssueIsReported, 16 B, through the hand-over.)
 TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
-  setenv("LOOM_TIMEOUT", "30", 1);
-  auto comms = Comm::init_all(2);
-  unsetenv("LOOM_TIMEOUT");
+  auto comms = init_with_env(2, {{"LOOM_TIMEOUT", "30"}});
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
   const size_t counts[] = {2, 75, 512};  // int32: 8 B (slot), 300 B and 2 KiB (FIFO)
   constexpr int kOps = 40;                // per size and placement
@@ -772,11 +777,7 @@ TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
 // polls (it hands the rest to the general loop, header first). Results
 // right, every op counted, both kinds seen.
 TEST(ShmPaths, ShortExchangeAcrossTheFifoWrap) {
-  setenv("LOOM_SHM_FIFO_BYTES", "16K", 1);
-  setenv("LOOM_TIMEOUT", "30", 1);
-  auto comms = Comm::init_all(2);
-  unsetenv("LOOM_SHM_FIFO_BYTES");
-  unsetenv("LOOM_TIMEOUT");
+  auto comms = init_with_env(2, {{"LOOM_SHM_FIFO_BYTES", "16K"}, {"LOOM_TIMEOUT", "30"}});
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
   constexpr int kOps = 200;
   constexpr size_t kCount = Executor::kExchangeMaxBytes / sizeof(int32_t);
