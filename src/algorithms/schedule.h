@@ -128,8 +128,8 @@ struct RankSchedule {
 // Sets Step::first_contact on the first send to and the first receive from
 // each peer, in the order the executor runs the steps (phase by phase, step
 // by step; transfers of no elements send nothing and are skipped),
-// contacts_marked and single_exchange. make_schedule calls it; a schedule built by hand calls it
-// before it runs.
+// contacts_marked and single_exchange. make_schedule calls it; a schedule
+// built by hand calls it before it runs.
 // every_message (send/recv): every transfer carries a fingerprint. Two
 // ranks may group the messages between them differently (several sends in
 // one group, their receives in separate ops, or the reverse), so a header

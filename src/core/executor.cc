@@ -349,7 +349,6 @@ Status Executor::drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Dea
   }
 }
 
-
 Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
                               double timeout_s, const std::string& what) {
   const Step& snd = sched.phases[0].steps[0];
@@ -365,8 +364,6 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
     if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
     bufs[kBufScratch] = scratch_;
   }
-  // The local phases after the exchange (no communication: they cannot
-  // wait or fail on a peer).
   // In place, the exchange reduces into scratch and a second phase copies
   // that into the buffer: a single-copy send may be read until its phase
   // ends, so the schedule writes nothing it sends. This message went out
@@ -379,6 +376,8 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
         cp.count == rcv.count)
       folded = &cp;
   }
+  // The local phases after the exchange (no communication: they cannot
+  // wait or fail on a peer).
   auto finish = [&]() {
     for (size_t i = folded ? 2 : 1; i < sched.phases.size(); ++i)
       LOOM_RETURN_IF_ERROR(run_phase(sched.phases[i], bufs, dt, op, Deadline{}, what, i, sched.phases.size()));
@@ -432,7 +431,7 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   }
   // The peer is late: the general loop waits, with the send already done.
   ++exchange_counts_.handed_over;
-  progress_.nphases.store(1, std::memory_order_relaxed);
+  progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
   progress_.nslots.store(0, std::memory_order_relaxed);
   progress_.phase.store(0, std::memory_order_relaxed);
   reduced_class_ = sched.reduced_class;
@@ -443,7 +442,7 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   r.hdr_left = diag::kFingerprintBytes;
   r.coalesced = true;
   active_.push_back(r);
-  Status st = drive(bufs, dt, op, coarse_deadline_after(timeout_s), what, 0, 1);
+  Status st = drive(bufs, dt, op, coarse_deadline_after(timeout_s), what, 0, sched.phases.size());
   if (!st.is_ok()) {
     transport_->announce_abort(st.to_string());  // see run()
     return st;

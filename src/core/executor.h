@@ -73,7 +73,8 @@ class Executor {
   // Test counters of this executor (written by the thread running its op,
   // read once the ops are done): run_exchange calls answered in its own
   // polls, handed over to the general loop (a late peer), and run by run()
-  // (the transport could not take the message whole, or no fingerprints).
+  // (more than kExchangeMaxBytes, no fingerprints, or a message the
+  // transport could not take whole).
   struct ExchangeCounts {
     uint64_t answered = 0, handed_over = 0, general = 0;
   };

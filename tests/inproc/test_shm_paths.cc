@@ -682,7 +682,7 @@ TEST(ShmPaths, SmallFingerprintedMessagesGoWithoutStaging) {
 // 2 KiB it runs on Executor::run_exchange's short path: taken in its own
 // polls when the peer is there, handed to the general loop when the peer is
 // late (here rank 1 comes 2 ms late every 10th op), right results either
-// way, in and out of place, slot and FIFO messages; 4 KiB goes to run(). A
+// way, in and out of place, slot and FIFO messages; larger ones go to run(). A
 // mismatch seen there fails both ranks naming it. (A peer that never comes:
 // CallerRuns.FailureAtIssueIsReported, 16 B, through the hand-over.)
 TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
