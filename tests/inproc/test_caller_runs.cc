@@ -240,6 +240,13 @@ TEST(CallerRuns, FailureAtIssueIsReported) {
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("LOOM_TIMEOUT"), std::string::npos) << st.to_string();
   EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.to_string();
+  // This 2-rank 16 B allreduce ran Executor::run_exchange and timed out in
+  // the general loop it handed over to, naming the phase among the
+  // schedule's (in place: the exchange, then the copy out of scratch, so
+  // 1/2; regression: the hand-over said 1/1).
+  EXPECT_EQ(c.impl()->executor_for_test().exchange_counts().handed_over, 1u);
+  EXPECT_NE(st.message().find("phase 1/2 waiting on 'recv_reduce 4 from rank 1"), std::string::npos)
+      << st.to_string();
   auto again = c.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, RedOp::kSum);
   ASSERT_FALSE(again.is_ok());
   EXPECT_NE(again.status().message().find("failed earlier"), std::string::npos) << again.status().to_string();
