@@ -38,6 +38,14 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
 
 Executor::~Executor() { mem_->release(scratch_, scratch_bytes_); }
 
+Status Executor::provide_scratch(const RankSchedule& sched, size_t es, std::vector<std::byte*>& bufs) {
+  if (!sched.scratch_count) return Status::ok();
+  LOOM_RETURN_IF_ERROR(ensure_scratch(sched.scratch_count * es));
+  if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
+  bufs[kBufScratch] = scratch_;
+  return Status::ok();
+}
+
 Status Executor::ensure_scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return Status::ok();
   // Persistent and grown geometrically: no allocation (or page faults) per op.
@@ -52,11 +60,7 @@ Status Executor::ensure_scratch(size_t bytes) {
 Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
                      Deadline deadline, const std::string& what) {
   const size_t es = dtype_size(dt);
-  if (sched.scratch_count) {
-    LOOM_RETURN_IF_ERROR(ensure_scratch(sched.scratch_count * es));
-    if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
-    bufs[kBufScratch] = scratch_;
-  }
+  LOOM_RETURN_IF_ERROR(provide_scratch(sched, es, bufs));
   // diag: which messages carry the op's fingerprint is marked in the
   // schedule (Step::first_contact); both ends must mark theirs.
   if (fp_ && !sched.contacts_marked)
@@ -222,12 +226,7 @@ Status Executor::drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Dea
               continue;
             }
             if (span.size() == len) {
-              Status fst = fp_->check(s.peer, s.count, span.data());
-              if (!fst.is_ok()) return Status(fst.code(), what + ": " + fst.message());
-              const std::byte* data = span.data() + diag::kFingerprintBytes;
-              if (s.kind == StepKind::kRecv) mem_->copy(a.dst, data, a.total);
-              else reduce_received(s, a.dst, a.src, data, a.total / es, dt, op);
-              a.conn->recv_consume(len, len);
+              LOOM_RETURN_IF_ERROR(land_whole(s, a.conn, span, a.dst, a.src, dt, op, what));
               a.hdr_left = 0;
               a.done = a.total;
               moved = true;
@@ -359,11 +358,7 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
     ++exchange_counts_.general;
     return run(sched, bufs, dt, op, coarse_deadline_after(timeout_s), what);
   }
-  if (sched.scratch_count) {
-    LOOM_RETURN_IF_ERROR(ensure_scratch(sched.scratch_count * es));
-    if (bufs.size() <= kBufScratch) bufs.resize(kBufScratch + 1, nullptr);
-    bufs[kBufScratch] = scratch_;
-  }
+  LOOM_RETURN_IF_ERROR(provide_scratch(sched, es, bufs));
   // In place, the exchange reduces into scratch and a second phase copies
   // that into the buffer: a single-copy send may be read until its phase
   // ends, so the schedule writes nothing it sends. This message went out
@@ -411,16 +406,10 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   for (int i = 0; i < polls; ++i) {
     auto span = c->recv_peek(len);
     if (span.size() == len) {
-      Status st = fp_->check(rcv.peer, rcv.count, span.data());
-      if (!st.is_ok()) {
-        st = Status(st.code(), what + ": " + st.message());
+      if (Status st = land_whole(rcv, c, span, dst, local, dt, op, what); !st.is_ok()) {
         transport_->announce_abort(st.to_string());  // as run() does on a failed phase
         return st;
       }
-      const std::byte* data = span.data() + diag::kFingerprintBytes;
-      if (rcv.kind == StepKind::kRecv) mem_->copy(dst, data, bytes);
-      else reduce_received(rcv, dst, local, data, rcv.count, dt, op);
-      c->recv_consume(len, len);
       ++exchange_counts_.answered;
       return finish();
     }

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,8 @@ class Executor {
   // each (fast_wait_) poll a while, oversubscribed ones look once.
   static constexpr int kExchangePolls = 256;
   Status ensure_scratch(size_t bytes);
+  // The schedule's scratch (if it has any), grown as needed, as bufs[kBufScratch].
+  Status provide_scratch(const RankSchedule& sched, size_t es, std::vector<std::byte*>& bufs);
   // ---- diag: fingerprint header handling (see diag/fingerprint.h)
   void arm_fingerprint(Active& a);  // for a Step::first_contact transfer
   std::byte* stage(int peer);        // hdr_out_[peer], allocated on first use
@@ -132,6 +135,20 @@ class Executor {
                        DataType dt, RedOp op) {
     if (s.incoming_first) mem_->reduce(dst, incoming, local, count, dt, op);
     else mem_->reduce(dst, local, incoming, count, dt, op);
+  }
+  // A whole small message (fingerprint header, then the step's data) in
+  // place in the transport: checks the header, lands the data (copy or
+  // reduction with `local`) and consumes it. Inline: drive() runs it on its
+  // per-poll path.
+  Status land_whole(const Step& s, Connection* c, std::span<const std::byte> msg, std::byte* dst,
+                    const std::byte* local, DataType dt, RedOp op, const std::string& what) {
+    Status fst = fp_->check(s.peer, s.count, msg.data());
+    if (!fst.is_ok()) return Status(fst.code(), what + ": " + fst.message());
+    const std::byte* data = msg.data() + diag::kFingerprintBytes;
+    if (s.kind == StepKind::kRecv) mem_->copy(dst, data, msg.size() - diag::kFingerprintBytes);
+    else reduce_received(s, dst, local, data, s.count, dt, op);
+    c->recv_consume(msg.size(), msg.size());
+    return Status::ok();
   }
   void publish_progress();
   bool wait_on_watches();
