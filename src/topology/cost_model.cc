@@ -642,7 +642,17 @@ std::optional<Estimate> estimate(AlgoKind a, Collective coll, size_t bytes, int 
           // columns by the same rule, measured faster at 4 ranks: Run 27).
           // Across hosts (not measured) each slice's phase would wait a
           // network latency: whole blocks there.
-          chunk = cache_chunk(static_cast<size_t>(std::ceil(n / pp)), m, /*crowd_ok=*/true);
+          // Two ranks: whole halves up to twice the cache. Their ring is two
+          // phases, which 256 KiB slices of a 2 MiB half make nine, each one
+          // a meeting of the two ranks; the half re-read from the shared
+          // last-level cache costs less. Measured (performance.md Run 43),
+          // 2 ranks 4 MiB, alternating, us out of place / in place: fast host
+          // phase slices 297-316 / 241-247 against whole 280-292 / 197-200;
+          // slow phase 2130-2206 / 1992-2055 against 2040-2044 / 1972-2006;
+          // from 6 MiB (3 MiB halves) slices still win (8 MiB: 3702-4188 /
+          // 4006-4216 against 4744-5123 / 4604-5048).
+          const double reread = p == 2 ? m / 2 : m;
+          chunk = cache_chunk(static_cast<size_t>(std::ceil(n / pp)), reread, /*crowd_ok=*/true);
           break;
         }
         case AlgoKind::kTree: {
