@@ -44,6 +44,11 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_FIFO_STEP_BYTES", "bytes", "auto",
        "Most bytes one FIFO write publishes (and one read consumes) at a time, so receiver and sender copy at once; "
        "0: no limit. auto: 256K when the host runs no more ranks than it has CPUs, else no limit."},
+      {"LOOM_SHM_STREAM_STORES", "string", "auto",
+       "How a rank writes large FIFO steps (from 16 KiB) to a peer on its host: 1 streaming (non-temporal) stores, "
+       "0 cached stores, auto cached until the sender's copies into the FIFO run below 6 GB/s for 3 steps of "
+       "64 KiB or more in a row (the peer's core does not share a cache with this one), then streaming, trying "
+       "cached stores again after 1 ms, then at intervals doubling to 64 ms."},
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv between processes, memcpy between threads: one copy instead of two); 0 disables. "
@@ -509,6 +514,16 @@ uint64_t chunk_bytes() { return chunk_bytes_if_set().value_or(512ull << 10); }
 int spin_count() { return static_cast<int>(env_int("LOOM_SPIN", 2000)); }
 int shm_shared_copy() { return env_bool("LOOM_SHM_SHARED_COPY", true) ? 1 : 0; }
 int shm_slots() { return env_bool("LOOM_SHM_SLOTS", true) ? 1 : 0; }
+int shm_stream_stores() {
+  const std::string v = env_string("LOOM_SHM_STREAM_STORES", "auto");
+  if (v.empty() || strcasecmp(v.c_str(), "auto") == 0) return -1;
+  for (const char* on : {"1", "true", "yes", "on"})
+    if (strcasecmp(v.c_str(), on) == 0) return 1;
+  for (const char* off : {"0", "false", "no", "off"})
+    if (strcasecmp(v.c_str(), off) == 0) return 0;
+  warn_malformed("LOOM_SHM_STREAM_STORES", v.c_str(), "auto, 1 or 0", "auto");
+  return -1;
+}
 int shm_map_shared() { return env_bool("LOOM_SHM_MAP_SHARED", true) ? 1 : 0; }
 uint64_t shm_map_min_bytes() { return kSingleCopyBytes; }
 uint64_t shm_announced_min_bytes() { return env_bytes("LOOM_SHM_ANNOUNCED_MIN_BYTES", 128ull << 10); }

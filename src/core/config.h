@@ -95,6 +95,7 @@ int max_queued_ops();        // LOOM_MAX_QUEUED_OPS (0 = unbounded)
 int spin_us();               // LOOM_SPIN_US (-1: auto)
 int shm_shared_copy();       // LOOM_SHM_SHARED_COPY
 int shm_slots();             // LOOM_SHM_SLOTS (small messages in cache-line slots; 1 = on)
+int shm_stream_stores();     // LOOM_SHM_STREAM_STORES (-1 auto, 0 cached, 1 streaming FIFO stores)
 int shm_map_shared();        // LOOM_SHM_MAP_SHARED (read mem_alloc buffers through a mapping; 1 = on)
 uint64_t shm_map_min_bytes();  // messages from mem_alloc buffers go mapped single copy from this size
 // Announced messages (Step::announced: a block staged once in scratch for

@@ -261,6 +261,26 @@ TEST(ShmPaths, FifoStreamingCopies) {
   unsetenv("LOOM_SHM_FIFO_STEP_BYTES");
   unsetenv("LOOM_COPY_STREAM_BYTES");
 }
+// FIFO steps by streaming stores (LOOM_SHM_STREAM_STORES=1, as a sender whose
+// peer shares no cache with it writes them; fifo_stores.h): 20 KiB steps
+// through a 72 KiB FIFO, so steps start off any 32-byte boundary and wrap; the
+// same cases with cached stores forced stream none.
+TEST(ShmPaths, FifoStepsByStreamingStores) {
+  for (const char* mode : {"1", "0"}) {
+    auto comms = init_with_env(3, {{"LOOM_SHM_STREAM_STORES", mode},
+                                   {"LOOM_SHM_SINGLE_COPY_BYTES", "0"},
+                                   {"LOOM_SHM_FIFO_BYTES", "72K"},
+                                   {"LOOM_SHM_FIFO_STEP_BYTES", "20K"}});
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    const uint64_t before = ShmTransport::streamed_steps();
+    run_all(*comms, testing::mixed_cases(3, {3, 70001, size_t{1} << 18, (size_t{1} << 20) + 3, 5},
+                                         {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast,
+                                          Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}));
+    const uint64_t streamed = ShmTransport::streamed_steps() - before;
+    if (std::string(mode) == "1") EXPECT_GE(streamed, 50u) << "every step from 16 KiB streams";
+    else EXPECT_EQ(streamed, 0u) << "cached stores forced";
+  }
+}
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }
 TEST(ShmPaths, SingleCopyEverything) { run_mix(4, "1", "4K"); }
 

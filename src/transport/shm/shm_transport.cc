@@ -29,6 +29,9 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/shared_buffers.h"
+#include "diag/recorder.h"
+#include "kernels/host_reduce.h"
+#include "transport/shm/fifo_stores.h"
 
 namespace loom {
 namespace {
@@ -136,6 +139,8 @@ std::atomic<uint64_t> g_fifo_writes{0};
 std::atomic<uint64_t> g_gathered_messages{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
 std::atomic<uint64_t> g_mapped_messages{0};
+std::atomic<uint64_t> g_streamed_steps{0};   // FIFO steps written (in part) by streaming stores
+std::atomic<uint64_t> g_store_switches{0};   // FifoStores changes of mode
 // Bumps a test counter on the message path with a plain load + store, not an
 // atomic increment: with several thread ranks a count may be lost, which only
 // matters to a test that asks for > 0.
@@ -438,7 +443,8 @@ class PeerMaps {
 class ShmConnection final : public Connection {
  public:
   ShmConnection(ShmTransport::Segment* self, ShmTransport::Segment* peer, int rank, int peer_rank, int nranks,
-                size_t cap, size_t step, bool can_push, bool map_peers, ShmTransport::DoorbellBatch* batch)
+                size_t cap, size_t step, FifoStores::Policy stores, bool can_push, bool map_peers,
+                ShmTransport::DoorbellBatch* batch)
       : batch_(batch),
         peer_rank_(peer_rank),
         self_(self),
@@ -449,6 +455,7 @@ class ShmConnection final : public Connection {
         in_data_(self->data(peer_rank, nranks, cap)),
         cap_(cap),
         step_(step),
+        stores_(stores),
         same_process_(same_process(self, peer)) {
     tail_ = out_ctl_->tail.load(std::memory_order_relaxed);
     head_ = in_ctl_->head.load(std::memory_order_relaxed);
@@ -701,6 +708,37 @@ class ShmConnection final : public Connection {
     bump_test_counter(g_fifo_writes);
   }
 
+  // A FIFO step's bytes, by cached or streaming stores (FifoStores).
+  void copy_step(std::byte* dst, const std::byte* src, size_t n) {
+    if (!stores_.timed(n)) {
+      if (stores_.cached_bytes(n, 0) == n) {
+        std::memcpy(dst, src, n);
+      } else {
+        kernels::stream_copy(dst, src, n);
+        bump_test_counter(g_streamed_steps);
+      }
+      return;
+    }
+    const int64_t t0 = diag::now_ns();
+    const size_t cached = stores_.cached_bytes(n, t0);
+    const bool was_streaming = stores_.streaming();
+    int64_t t1 = t0;
+    if (cached > 0) {
+      std::memcpy(dst, src, cached);
+      t1 = diag::now_ns();
+    }
+    if (cached < n) {
+      kernels::stream_copy(dst + cached, src + cached, n - cached);
+      bump_test_counter(g_streamed_steps);
+    }
+    stores_.record(cached, t1 - t0, t1);
+    if (stores_.streaming() != was_streaming) {
+      bump_test_counter(g_store_switches);
+      LOOM_INFO(kLogShm, "shm: to rank {}: cached FIFO stores at {:.1f} GB/s: {} stores", peer_rank_,
+                stores_.last_gbps(), stores_.streaming() ? "streaming" : "cached");
+    }
+  }
+
   size_t send_slot(const std::byte* src, size_t len) {
     Slot* slot = free_slot();
     if (!slot) return 0;
@@ -722,7 +760,7 @@ class ShmConnection final : public Connection {
       n = adv = contig & ~size_t{7};
     }
     if (n == 0) return 0;
-    std::memcpy(out_data_ + pos, src, n);
+    copy_step(out_data_ + pos, src, n);
     publish_fifo(adv);
     return n;
   }
@@ -951,6 +989,7 @@ class ShmConnection final : public Connection {
   // Most bytes one FIFO write publishes or one read hands out, so the peer
   // works on one step while this rank moves the next (LOOM_SHM_FIFO_STEP_BYTES).
   size_t step_;
+  FifoStores stores_;
   bool same_process_;  // the peer is a thread of this process: single copy is a memcpy
   uint64_t tail_ = 0;  // our copy of out_ctl_->tail (we are its only writer)
   uint64_t head_seen_ = 0;  // out_ctl_->head as last read (it only grows)
@@ -1277,6 +1316,10 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   const size_t fifo_step = params::shm_fifo_step_bytes(nlocal);
   const size_t step = fifo_step ? std::max<size_t>(4096, round8(fifo_step)) : SIZE_MAX;
   const bool map_peers = params::shm_map_shared() != 0;
+  const int stream_stores = params::shm_stream_stores();
+  const FifoStores::Policy stores = stream_stores < 0    ? FifoStores::Policy::kAuto
+                                    : stream_stores == 0 ? FifoStores::Policy::kCached
+                                                         : FifoStores::Policy::kStreaming;
   // Before the barrier that lets traffic start: nobody writes a FIFO yet.
   for (int i = 0; i < n; ++i) {
     if (i == r || !t->segs_[i]) continue;
@@ -1292,8 +1335,8 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   for (int i = 0; i < n; ++i) {
     if (i == r || !t->segs_[i]) continue;
     t->conns_[i] =
-        std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, step, can_push, map_peers,
-                                        &t->batch_);
+        std::make_unique<ShmConnection>(self, t->segs_[i], r, i, n, t->fifo_bytes_, step, stores, can_push,
+                                        map_peers, &t->batch_);
   }
   LOOM_INFO(kLogShm, "rank {}: shm transport up, {} local peers, fifo {} KiB", r,
             nlocal - 1, t->fifo_bytes_ >> 10);
@@ -1372,6 +1415,8 @@ void ShmTransport::wait_events(uint32_t seen, std::chrono::microseconds timeout)
 
 uint64_t ShmTransport::slot_messages() { return g_slot_messages.load(std::memory_order_relaxed); }
 uint64_t ShmTransport::fifo_writes() { return g_fifo_writes.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::streamed_steps() { return g_streamed_steps.load(std::memory_order_relaxed); }
+uint64_t ShmTransport::store_switches() { return g_store_switches.load(std::memory_order_relaxed); }
 uint64_t ShmTransport::gathered_messages() { return g_gathered_messages.load(std::memory_order_relaxed); }
 size_t ShmTransport::slot_ring_size() { return kSlots; }
 uint64_t ShmTransport::prefaulted_pages() { return g_prefaulted_pages.load(std::memory_order_relaxed); }

@@ -69,6 +69,11 @@ class ShmTransport final : public Transport {
   static uint64_t slot_messages();
   // FIFO writes that published bytes (each at most LOOM_SHM_FIFO_STEP_BYTES), for tests.
   static uint64_t fifo_writes();
+  // FIFO steps this process wrote (in part) by streaming stores, and the
+  // times a connection's FifoStores changed mode (LOOM_SHM_STREAM_STORES),
+  // for tests.
+  static uint64_t streamed_steps();
+  static uint64_t store_switches();
   // Messages this process sent from two pieces without staging them
   // (Connection::send_gather: fingerprint header + small payload), for tests.
   static uint64_t gathered_messages();
