@@ -272,13 +272,14 @@ TEST(ShmPaths, FifoStepsByStreamingStores) {
                                    {"LOOM_SHM_FIFO_BYTES", "72K"},
                                    {"LOOM_SHM_FIFO_STEP_BYTES", "20K"}});
     ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-    const uint64_t before = ShmTransport::streamed_steps();
+    const uint64_t before = ShmTransport::streamed_steps(), switches_before = ShmTransport::store_switches();
     run_all(*comms, testing::mixed_cases(3, {3, 70001, size_t{1} << 18, (size_t{1} << 20) + 3, 5},
                                          {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast,
                                           Collective::kReduceScatter, Collective::kAllToAll, Collective::kSendRecv}));
     const uint64_t streamed = ShmTransport::streamed_steps() - before;
     if (std::string(mode) == "1") EXPECT_GE(streamed, 50u) << "every step from 16 KiB streams";
     else EXPECT_EQ(streamed, 0u) << "cached stores forced";
+    EXPECT_EQ(ShmTransport::store_switches(), switches_before) << "a fixed choice never switches";
   }
 }
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }
