@@ -47,7 +47,7 @@ std::vector<ParamInfo>& registry() {
       {"LOOM_SHM_STREAM_STORES", "string", "auto",
        "How a rank writes large FIFO steps (from 16 KiB) to a peer on its host: 1 streaming (non-temporal) stores, "
        "0 cached stores, auto cached until the sender's copies into the FIFO run below 6 GB/s for 3 steps of "
-       "64 KiB or more in a row (the peer's core does not share a cache with this one), then streaming, trying "
+       "16 KiB or more in a row (the peer's core does not share a cache with this one), then streaming, trying "
        "cached stores again after 1 ms, then at intervals doubling to 64 ms."},
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "

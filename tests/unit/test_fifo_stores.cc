@@ -53,15 +53,15 @@ TEST(FifoStores, ThreeSlowStepsInARowSwitchToStreaming) {
   step(s, t += 1000, 2.4), step(s, t += 1000, 2.4);
   EXPECT_FALSE(s.streaming());
   // Steps too small to time neither count nor break the run.
-  EXPECT_EQ(step(s, t += 1000, 0.1, 32 * KiB), 32 * KiB);
+  EXPECT_EQ(step(s, t += 1000, 0.1, 8 * KiB), 8 * KiB);
   EXPECT_FALSE(s.streaming());
   step(s, t += 1000, 2.4);
   EXPECT_TRUE(s.streaming());
   EXPECT_EQ(s.switches(), 1u);
   // Streaming from here: large steps stream whole, small ones stay cached.
   EXPECT_EQ(s.cached_bytes(256 * KiB, t + 1000), 0u);
-  EXPECT_EQ(s.cached_bytes(32 * KiB, t + 1000), 0u);
-  EXPECT_EQ(s.cached_bytes(8 * KiB, t + 1000), 8 * KiB);
+  EXPECT_EQ(s.cached_bytes(16 * KiB, t + 1000), 0u);
+  EXPECT_EQ(s.cached_bytes(16 * KiB - 8, t + 1000), 16 * KiB - 8);
   // Exactly at the threshold (6 GB/s) is not slow.
   FifoStores edge;
   for (int i = 0; i < 5; ++i) step(edge, i * 1000, FifoStores::kSlowGBps);
@@ -95,11 +95,11 @@ TEST(FifoStores, ProbesBackOffAndAFastProbeSwitchesBack) {
   }
   EXPECT_EQ(s.probes(), 8u);
   EXPECT_TRUE(s.streaming());
-  // A step too small to time streams and neither starts a probe nor counts
-  // in one.
-  EXPECT_EQ(step(s, last + 64 * kMs, 0.5, 32 * KiB), 0u);
+  // A step too small to time stays cached and neither starts a probe nor
+  // counts in one.
+  EXPECT_EQ(step(s, last + 64 * kMs, 0.5, 8 * KiB), 8 * KiB);
   EXPECT_EQ(step(s, last + 64 * kMs, 24.0), 256 * KiB);
-  EXPECT_EQ(step(s, last + 64 * kMs + 1, 0.5, 32 * KiB), 0u);
+  EXPECT_EQ(step(s, last + 64 * kMs + 1, 0.5, 8 * KiB), 8 * KiB);
   EXPECT_EQ(step(s, last + 64 * kMs + 2, 24.0), 256 * KiB);
   EXPECT_TRUE(s.streaming()) << "the probe's last step not yet taken";
   EXPECT_EQ(step(s, last + 64 * kMs + 3, 24.0), 256 * KiB);
