@@ -45,10 +45,12 @@ std::vector<ParamInfo>& registry() {
        "Most bytes one FIFO write publishes (and one read consumes) at a time, so receiver and sender copy at once; "
        "0: no limit. auto: 256K when the host runs no more ranks than it has CPUs, else no limit."},
       {"LOOM_SHM_STREAM_STORES", "string", "auto",
-       "How a rank writes large FIFO steps (from 16 KiB) to a peer on its host: 1 streaming (non-temporal) stores, "
-       "0 cached stores, auto cached until the sender's copies into the FIFO run below 6 GB/s for 3 steps of "
-       "16 KiB or more in a row (the peer's core does not share a cache with this one), then streaming, trying "
-       "cached stores again after 1 ms, then at intervals doubling to 64 ms."},
+       "How a rank writes what peers on its host read next: its FIFO steps to each peer (from 16 KiB) and its copies "
+       "into scratch that peers map (a staged broadcast or all_gather block, in 256 KiB pieces). 1 streaming "
+       "(non-temporal) stores, 0 cached stores, auto cached until 3 such copies of 16 KiB or more in a row run "
+       "below 6 GB/s (the readers' cores do not share a cache with this one), then streaming, trying cached "
+       "stores again after 1 ms, then at intervals doubling to 64 ms; chosen per FIFO and per communicator's "
+       "scratch."},
       {"LOOM_SHM_SINGLE_COPY_BYTES", "bytes", "auto",
        "Messages between ranks of one host of at least this size are read directly from the sender's memory "
        "(process_vm_readv between processes, memcpy between threads: one copy instead of two); 0 disables. "

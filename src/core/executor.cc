@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/config.h"
+#include "core/log.h"
 
 namespace loom {
 
@@ -113,6 +114,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     switch (s.kind) {
       case StepKind::kCopy:
         if (s.overlap) overlapped_.push_back(&s);  // after the transfers are posted
+        else if (s.dst.buf == kBufScratch) copy_into_scratch(ptr(s.dst), ptr(s.src), s.count * es);
         else mem_->copy(ptr(s.dst), ptr(s.src), s.count * es);
         break;
       case StepKind::kReduce: mem_->reduce(ptr(s.dst), ptr(s.src), ptr(s.src2), s.count, dt, op); break;
@@ -142,6 +144,22 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     return Status::ok();
   }
   return drive(bufs, dt, op, deadline, what, phase_index, nphases);
+}
+
+void Executor::copy_into_scratch(std::byte* dst, const std::byte* src, size_t bytes) {
+  // Large copies stream anyway (LOOM_COPY_STREAM_BYTES), device memory is
+  // not ours to store into, and small ones are not worth timing.
+  if (!mem_->host_accessible() || bytes < SharedStores::kMeasureBytes || (stream_bytes_ > 0 && bytes >= stream_bytes_) ||
+      dst == src) {
+    mem_->copy(dst, src, bytes);
+    return;
+  }
+  const uint64_t switches = scratch_stores_.switches();
+  ++scratch_copies_.copies;
+  scratch_copies_.streamed_pieces += scratch_stores_.copy(dst, src, bytes, kScratchPieceBytes);
+  if (scratch_stores_.switches() != switches)
+    LOOM_INFO(kLogShm, "rank {}: cached copies into scratch at {:.1f} GB/s: {} stores", rank_,
+              scratch_stores_.last_gbps(), scratch_stores_.streaming() ? "streaming" : "cached");
 }
 
 void Executor::run_overlapped(std::vector<std::byte*>& bufs, size_t es) {

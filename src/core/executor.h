@@ -14,6 +14,7 @@
 #include "algorithms/schedule.h"
 #include "bootstrap/socket.h"
 #include "core/memory.h"
+#include "core/shared_stores.h"
 #include "diag/fingerprint.h"
 #include "transport/transport.h"
 
@@ -80,6 +81,12 @@ class Executor {
     uint64_t answered = 0, handed_over = 0, general = 0;
   };
   const ExchangeCounts& exchange_counts() const { return exchange_counts_; }
+  // Tests: the copies into scratch chosen by scratch_stores_, and how many of
+  // their pieces streamed.
+  struct ScratchCopies {
+    uint64_t copies = 0, streamed_pieces = 0;
+  };
+  const ScratchCopies& scratch_copies() const { return scratch_copies_; }
   // ---- diag: in-band fingerprint of the next run() (nullptr = none); the
   // object must stay valid during run().
   void set_fingerprint(const diag::Fingerprint* fp) { fp_ = fp; }
@@ -160,6 +167,15 @@ class Executor {
   static constexpr int kFastWaitLooks = 64;   // looks at the watch words per such poll
 
   ExchangeCounts exchange_counts_;
+  // Copies into scratch that peers read through a mapping: a staged block
+  // (direct broadcast / all_gather with ranks sharing cores) was last read by
+  // ranks that may sit on another die, where cached stores wait for each
+  // line (core/shared_stores.h; performance.md Run 43). In pieces of
+  // kScratchPieceBytes, each timed.
+  void copy_into_scratch(std::byte* dst, const std::byte* src, size_t bytes);
+  static constexpr size_t kScratchPieceBytes = 256 << 10;
+  SharedStores scratch_stores_{SharedStores::configured()};
+  ScratchCopies scratch_copies_;
   int rank_, nranks_;
   Transport* transport_;
   MemoryBackend* mem_;

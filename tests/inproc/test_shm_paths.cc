@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <initializer_list>
 #include <thread>
@@ -262,7 +263,7 @@ TEST(ShmPaths, FifoStreamingCopies) {
   unsetenv("LOOM_COPY_STREAM_BYTES");
 }
 // FIFO steps by streaming stores (LOOM_SHM_STREAM_STORES=1, as a sender whose
-// peer shares no cache with it writes them; fifo_stores.h): 20 KiB steps
+// peer shares no cache with it writes them; shared_stores.h): 20 KiB steps
 // through a 72 KiB FIFO, so steps start off any 32-byte boundary and wrap; the
 // same cases with cached stores forced stream none.
 TEST(ShmPaths, FifoStepsByStreamingStores) {
@@ -280,6 +281,35 @@ TEST(ShmPaths, FifoStepsByStreamingStores) {
     if (std::string(mode) == "1") EXPECT_GE(streamed, 50u) << "every step from 16 KiB streams";
     else EXPECT_EQ(streamed, 0u) << "cached stores forced";
     EXPECT_EQ(ShmTransport::store_switches(), switches_before) << "a fixed choice never switches";
+  }
+}
+// A staged broadcast (ranks sharing cores: the root copies its buffer once
+// into scratch, peers read it through a mapping) copies into scratch through
+// the executor's SharedStores, in 256 KiB pieces: streaming forced, all 16
+// pieces of a 4 MiB block stream; cached forced, none; results checked in
+// and out of place, both times.
+TEST(ShmPaths, StagedCopiesIntoScratchByStreamingStores) {
+  const int n = std::max(4, params::host_cores() + 2);  // more ranks than cores: the broadcast is staged
+  for (const char* mode : {"1", "0"}) {
+    auto comms = init_with_env(n, {{"LOOM_SHM_STREAM_STORES", mode},
+                                   {"LOOM_ALGO", "broadcast:direct"},
+                                   {"LOOM_COPY_STREAM_BYTES", "0"},  // no copy streams by size alone
+                                   {"LOOM_LLC_BYTES", "32M"},
+                                   {"LOOM_TIMEOUT", "60"}});
+    ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+    std::vector<testing::Case> cases;
+    for (bool in_place : {false, true}) {
+      testing::Case cs;
+      cs.coll = Collective::kBroadcast;
+      cs.count = size_t{1} << 20;  // 4 MiB of floats
+      cs.in_place = in_place;
+      cases.push_back(cs);
+    }
+    run_all(*comms, cases);
+    const auto& root = (*comms)[0]->impl()->executor_for_test().scratch_copies();
+    EXPECT_EQ(root.copies, 2u) << "one staging copy per broadcast";
+    if (std::string(mode) == "1") EXPECT_EQ(root.streamed_pieces, 32u) << "16 pieces of 256 KiB per copy";
+    else EXPECT_EQ(root.streamed_pieces, 0u);
   }
 }
 TEST(ShmPaths, SingleCopyLarge) { run_mix(3, "256K", "64K"); }

@@ -29,9 +29,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/shared_buffers.h"
-#include "diag/recorder.h"
-#include "kernels/host_reduce.h"
-#include "transport/shm/fifo_stores.h"
+#include "core/shared_stores.h"
 
 namespace loom {
 namespace {
@@ -140,7 +138,7 @@ std::atomic<uint64_t> g_gathered_messages{0};
 std::atomic<uint64_t> g_single_copy_messages{0};
 std::atomic<uint64_t> g_mapped_messages{0};
 std::atomic<uint64_t> g_streamed_steps{0};   // FIFO steps written (in part) by streaming stores
-std::atomic<uint64_t> g_store_switches{0};   // FifoStores changes of mode
+std::atomic<uint64_t> g_store_switches{0};   // SharedStores changes of mode
 // Bumps a test counter on the message path with a plain load + store, not an
 // atomic increment: with several thread ranks a count may be lost, which only
 // matters to a test that asks for > 0.
@@ -443,7 +441,7 @@ class PeerMaps {
 class ShmConnection final : public Connection {
  public:
   ShmConnection(ShmTransport::Segment* self, ShmTransport::Segment* peer, int rank, int peer_rank, int nranks,
-                size_t cap, size_t step, FifoStores::Policy stores, bool can_push, bool map_peers,
+                size_t cap, size_t step, SharedStores::Policy stores, bool can_push, bool map_peers,
                 ShmTransport::DoorbellBatch* batch)
       : batch_(batch),
         peer_rank_(peer_rank),
@@ -708,31 +706,11 @@ class ShmConnection final : public Connection {
     bump_test_counter(g_fifo_writes);
   }
 
-  // A FIFO step's bytes, by cached or streaming stores (FifoStores).
+  // A FIFO step's bytes, by cached or streaming stores (SharedStores).
   void copy_step(std::byte* dst, const std::byte* src, size_t n) {
-    if (!stores_.timed(n)) {
-      if (stores_.cached_bytes(n, 0) == n) {
-        std::memcpy(dst, src, n);
-      } else {
-        kernels::stream_copy(dst, src, n);
-        bump_test_counter(g_streamed_steps);
-      }
-      return;
-    }
-    const int64_t t0 = diag::now_ns();
-    const size_t cached = stores_.cached_bytes(n, t0);
-    const bool was_streaming = stores_.streaming();
-    int64_t t1 = t0;
-    if (cached > 0) {
-      std::memcpy(dst, src, cached);
-      t1 = diag::now_ns();
-    }
-    if (cached < n) {
-      kernels::stream_copy(dst + cached, src + cached, n - cached);
-      bump_test_counter(g_streamed_steps);
-    }
-    stores_.record(cached, t1 - t0, t1);
-    if (stores_.streaming() != was_streaming) {
+    const uint64_t switches = stores_.switches();
+    if (stores_.copy(dst, src, n, n) > 0) bump_test_counter(g_streamed_steps);
+    if (stores_.switches() != switches) {
       bump_test_counter(g_store_switches);
       LOOM_INFO(kLogShm, "shm: to rank {}: cached FIFO stores at {:.1f} GB/s: {} stores", peer_rank_,
                 stores_.last_gbps(), stores_.streaming() ? "streaming" : "cached");
@@ -989,7 +967,7 @@ class ShmConnection final : public Connection {
   // Most bytes one FIFO write publishes or one read hands out, so the peer
   // works on one step while this rank moves the next (LOOM_SHM_FIFO_STEP_BYTES).
   size_t step_;
-  FifoStores stores_;
+  SharedStores stores_;
   bool same_process_;  // the peer is a thread of this process: single copy is a memcpy
   uint64_t tail_ = 0;  // our copy of out_ctl_->tail (we are its only writer)
   uint64_t head_seen_ = 0;  // out_ctl_->head as last read (it only grows)
@@ -1316,10 +1294,7 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(Bootstrap& boot, cons
   const size_t fifo_step = params::shm_fifo_step_bytes(nlocal);
   const size_t step = fifo_step ? std::max<size_t>(4096, round8(fifo_step)) : SIZE_MAX;
   const bool map_peers = params::shm_map_shared() != 0;
-  const int stream_stores = params::shm_stream_stores();
-  const FifoStores::Policy stores = stream_stores < 0    ? FifoStores::Policy::kAuto
-                                    : stream_stores == 0 ? FifoStores::Policy::kCached
-                                                         : FifoStores::Policy::kStreaming;
+  const SharedStores::Policy stores = SharedStores::configured();
   // Before the barrier that lets traffic start: nobody writes a FIFO yet.
   for (int i = 0; i < n; ++i) {
     if (i == r || !t->segs_[i]) continue;

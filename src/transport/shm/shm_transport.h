@@ -70,7 +70,7 @@ class ShmTransport final : public Transport {
   // FIFO writes that published bytes (each at most LOOM_SHM_FIFO_STEP_BYTES), for tests.
   static uint64_t fifo_writes();
   // FIFO steps this process wrote (in part) by streaming stores, and the
-  // times a connection's FifoStores changed mode (LOOM_SHM_STREAM_STORES),
+  // times a connection's SharedStores changed mode (LOOM_SHM_STREAM_STORES),
   // for tests.
   static uint64_t streamed_steps();
   static uint64_t store_switches();

@@ -1,11 +1,11 @@
-// FifoStores (src/transport/shm/fifo_stores.h): how a shared-memory sender
+// SharedStores (src/core/shared_stores.h): how a shared-memory sender
 // chooses between cached and streaming stores for its FIFO steps, from the
 // rate of its own cached copies. Times are given, not measured.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include "core/config.h"
-#include "transport/shm/fifo_stores.h"
+#include "core/shared_stores.h"
 
 namespace loom {
 namespace {
@@ -15,14 +15,14 @@ constexpr int64_t kMs = 1'000'000;
 
 // One step of the auto policy at time t: the cached bytes it chose, then
 // their copy recorded at `gbps`.
-size_t step(FifoStores& s, int64_t t, double gbps, size_t n = 256 * KiB) {
+size_t step(SharedStores& s, int64_t t, double gbps, size_t n = 256 * KiB) {
   const size_t cached = s.cached_bytes(n, t);
   if (s.timed(n)) s.record(cached, static_cast<int64_t>(static_cast<double>(cached) / gbps), t);
   return cached;
 }
 
-TEST(FifoStores, FixedPolicies) {
-  FifoStores cached(FifoStores::Policy::kCached), streaming(FifoStores::Policy::kStreaming);
+TEST(SharedStores, FixedPolicies) {
+  SharedStores cached(SharedStores::Policy::kCached), streaming(SharedStores::Policy::kStreaming);
   for (size_t n : {size_t{8}, 16 * KiB, 256 * KiB}) {
     EXPECT_EQ(cached.cached_bytes(n, 0), n);
     EXPECT_FALSE(cached.timed(n)) << "a fixed policy reads no clock";
@@ -36,8 +36,8 @@ TEST(FifoStores, FixedPolicies) {
   EXPECT_TRUE(streaming.streaming());
 }
 
-TEST(FifoStores, FastCopiesStayCached) {
-  FifoStores s;
+TEST(SharedStores, FastCopiesStayCached) {
+  SharedStores s;
   int64_t t = 0;
   for (int i = 0; i < 1000; ++i, t += 20'000) EXPECT_EQ(step(s, t, 25.0), 256 * KiB);
   EXPECT_FALSE(s.streaming());
@@ -45,8 +45,8 @@ TEST(FifoStores, FastCopiesStayCached) {
   EXPECT_NEAR(s.last_gbps(), 25.0, 0.1);
 }
 
-TEST(FifoStores, ThreeSlowStepsInARowSwitchToStreaming) {
-  FifoStores s;
+TEST(SharedStores, ThreeSlowStepsInARowSwitchToStreaming) {
+  SharedStores s;
   int64_t t = 0;
   // Two slow steps then a fast one (a page fault, a preemption): still cached.
   step(s, t, 2.4), step(s, t += 1000, 2.4), step(s, t += 1000, 20.0);
@@ -63,20 +63,20 @@ TEST(FifoStores, ThreeSlowStepsInARowSwitchToStreaming) {
   EXPECT_EQ(s.cached_bytes(16 * KiB, t + 1000), 0u);
   EXPECT_EQ(s.cached_bytes(16 * KiB - 8, t + 1000), 16 * KiB - 8);
   // Exactly at the threshold (6 GB/s) is not slow.
-  FifoStores edge;
-  for (int i = 0; i < 5; ++i) step(edge, i * 1000, FifoStores::kSlowGBps);
+  SharedStores edge;
+  for (int i = 0; i < 5; ++i) step(edge, i * 1000, SharedStores::kSlowGBps);
   EXPECT_FALSE(edge.streaming());
 }
 
 // A probe: kProbeSteps steps cached, judged on the last (the first cached
 // step after streaming ones measured fast between far cores too).
-void probe(FifoStores& s, int64_t t, double first_gbps, double rest_gbps) {
-  for (int i = 0; i < FifoStores::kProbeSteps; ++i)
+void probe(SharedStores& s, int64_t t, double first_gbps, double rest_gbps) {
+  for (int i = 0; i < SharedStores::kProbeSteps; ++i)
     EXPECT_EQ(step(s, t + i, i == 0 ? first_gbps : rest_gbps), 256 * KiB) << "probe step " << i;
 }
 
-TEST(FifoStores, ProbesBackOffAndAFastProbeSwitchesBack) {
-  FifoStores s;
+TEST(SharedStores, ProbesBackOffAndAFastProbeSwitchesBack) {
+  SharedStores s;
   int64_t t = 0;
   for (int i = 0; i < 3; ++i) step(s, t += 1000, 2.0);
   ASSERT_TRUE(s.streaming());
@@ -87,11 +87,11 @@ TEST(FifoStores, ProbesBackOffAndAFastProbeSwitchesBack) {
   EXPECT_EQ(s.probes(), 1u);
   EXPECT_TRUE(s.streaming()) << "a probe fast only in its first step keeps streaming";
   // Gaps double while the probes stay slow: 2, 4, ... 64, 64 ms.
-  int64_t last = switched + kMs + FifoStores::kProbeSteps - 1;
+  int64_t last = switched + kMs + SharedStores::kProbeSteps - 1;
   for (int64_t gap : {2, 4, 8, 16, 32, 64, 64}) {
     EXPECT_EQ(step(s, last + gap * kMs - 1, 2.0), 0u) << "gap " << gap;
     probe(s, last + gap * kMs, 2.0, 2.0);
-    last += gap * kMs + FifoStores::kProbeSteps - 1;
+    last += gap * kMs + SharedStores::kProbeSteps - 1;
   }
   EXPECT_EQ(s.probes(), 8u);
   EXPECT_TRUE(s.streaming());
@@ -113,7 +113,7 @@ TEST(FifoStores, ProbesBackOffAndAFastProbeSwitchesBack) {
   EXPECT_EQ(step(s, t + kMs, 2.0), 256 * KiB);
 }
 
-TEST(FifoStores, TheVariable) {
+TEST(SharedStores, TheVariable) {
   unsetenv("LOOM_SHM_STREAM_STORES");
   EXPECT_EQ(params::shm_stream_stores(), -1);
   const std::pair<const char*, int> cases[] = {{"auto", -1}, {"AUTO", -1}, {"1", 1}, {"on", 1}, {"yes", 1},

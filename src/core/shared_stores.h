@@ -1,8 +1,10 @@
 #pragma once
 
-// How a shared-memory sender writes its FIFO steps: ordinary (cached) stores
-// or streaming (non-temporal) stores, chosen per connection from the rate the
-// sender's own cached copies into the FIFO reach.
+// How a rank writes memory that ranks on other cores read next: ordinary
+// (cached) stores or streaming (non-temporal) stores, chosen from the rate
+// the writer's own cached copies reach. One per shm connection for its FIFO
+// steps (shm_transport.cc), one per executor for the copies into scratch that
+// peers read through a mapping (a staged broadcast or all_gather block).
 //
 // A FIFO line the sender writes was last read by the receiver, so the store
 // has to take it back from the receiver's cache first. When the two cores
@@ -40,7 +42,7 @@
 
 namespace loom {
 
-class FifoStores {
+class SharedStores {
  public:
   enum class Policy { kAuto, kCached, kStreaming };
 
@@ -54,7 +56,7 @@ class FifoStores {
   static constexpr int64_t kFirstProbeNs = 1'000'000;
   static constexpr int64_t kMaxProbeNs = 64'000'000;
 
-  explicit FifoStores(Policy p = Policy::kAuto) : policy_(p) {}
+  explicit SharedStores(Policy p = Policy::kAuto) : policy_(p) {}
 
   // Whether the sender reads the clock around this step (auto policy, a
   // step worth timing, or a probe that may be due).
@@ -103,6 +105,14 @@ class FifoStores {
       ++switches_;
     }
   }
+
+  // Copies n bytes in pieces of at most `piece` bytes, each by the stores
+  // chosen for it (cached_bytes), timing the cached ones (record). Returns
+  // how many pieces streamed (in part).
+  size_t copy(std::byte* dst, const std::byte* src, size_t n, size_t piece);
+
+  // The policy LOOM_SHM_STREAM_STORES asks for.
+  static Policy configured();
 
   bool streaming() const { return policy_ == Policy::kStreaming || (policy_ == Policy::kAuto && streaming_); }
   double last_gbps() const { return last_gbps_; }
