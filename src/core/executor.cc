@@ -148,9 +148,11 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
 
 void Executor::copy_into_scratch(std::byte* dst, const std::byte* src, size_t bytes) {
   // Large copies stream anyway (LOOM_COPY_STREAM_BYTES), device memory is
-  // not ours to store into, and small ones are not worth timing.
+  // not ours to store into, small ones are not worth timing, and ranges that
+  // overlap need the backend's memmove.
+  const bool overlap = dst < src + bytes && src < dst + bytes;
   if (!mem_->host_accessible() || bytes < SharedStores::kMeasureBytes || (stream_bytes_ > 0 && bytes >= stream_bytes_) ||
-      dst == src) {
+      overlap) {
     mem_->copy(dst, src, bytes);
     return;
   }
