@@ -708,6 +708,10 @@ class ShmConnection final : public Connection {
 
   // A FIFO step's bytes, by cached or streaming stores (SharedStores).
   void copy_step(std::byte* dst, const std::byte* src, size_t n) {
+    if (n < SharedStores::kMeasureBytes) {  // cached in every mode; not worth a call on the small-message path
+      std::memcpy(dst, src, n);
+      return;
+    }
     const uint64_t switches = stores_.switches();
     if (stores_.copy(dst, src, n, n) > 0) bump_test_counter(g_streamed_steps);
     if (stores_.switches() != switches) {
