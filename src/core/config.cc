@@ -9,6 +9,7 @@
 #include <climits>
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -236,15 +237,22 @@ double env_double(const char* name, double def) {
   return x;
 }
 
-bool env_bool(const char* name, bool def) {
-  const char* v = env_raw(name);
-  if (!v) return def;
+// A boolean's spellings (1/0 and any integer, true/false, yes/no, on/off);
+// nullopt for anything else. Regression: anything but 0/false/no/off read as
+// true ("0 " too).
+static std::optional<bool> parse_bool(const char* v) {
   if (strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 || strcasecmp(v, "off") == 0) return false;
   if (strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "on") == 0) return true;
   char* end = nullptr;
   const long long x = std::strtoll(v, &end, 10);
   if (end != v && *end == '\0') return x != 0;
-  // Regression: anything but 0/false/no/off read as true ("0 " too).
+  return std::nullopt;
+}
+
+bool env_bool(const char* name, bool def) {
+  const char* v = env_raw(name);
+  if (!v) return def;
+  if (auto b = parse_bool(v)) return *b;
   warn_malformed(name, v, "a boolean (1/0, true/false, yes/no, on/off)", def ? "1" : "0");
   return def;
 }
@@ -519,10 +527,7 @@ int shm_slots() { return env_bool("LOOM_SHM_SLOTS", true) ? 1 : 0; }
 int shm_stream_stores() {
   const std::string v = env_string("LOOM_SHM_STREAM_STORES", "auto");
   if (v.empty() || strcasecmp(v.c_str(), "auto") == 0) return -1;
-  for (const char* on : {"1", "true", "yes", "on"})
-    if (strcasecmp(v.c_str(), on) == 0) return 1;
-  for (const char* off : {"0", "false", "no", "off"})
-    if (strcasecmp(v.c_str(), off) == 0) return 0;
+  if (auto b = parse_bool(v.c_str())) return *b ? 1 : 0;
   warn_malformed("LOOM_SHM_STREAM_STORES", v.c_str(), "auto, 1 or 0", "auto");
   return -1;
 }

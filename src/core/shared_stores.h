@@ -49,7 +49,6 @@ class SharedStores {
   // Steps from this size are timed, probed and may stream; smaller ones
   // (small messages, whose copies are too short to time) stay cached.
   static constexpr size_t kMeasureBytes = 16 << 10;
-  static constexpr size_t kStreamMinBytes = kMeasureBytes;
   static constexpr double kSlowGBps = 6.0;
   static constexpr int kSlowSteps = 3;
   static constexpr int kProbeSteps = 3;
@@ -67,11 +66,11 @@ class SharedStores {
   size_t cached_bytes(size_t n, int64_t now_ns) {
     switch (policy_) {
       case Policy::kCached: return n;
-      case Policy::kStreaming: return n < kStreamMinBytes ? n : 0;
+      case Policy::kStreaming: return n < kMeasureBytes ? n : 0;
       case Policy::kAuto: break;
     }
-    if (!streaming_ || n < kStreamMinBytes) return n;
-    if (n >= kMeasureBytes && (probe_left_ > 0 || now_ns >= next_probe_ns_)) {
+    if (!streaming_ || n < kMeasureBytes) return n;
+    if (probe_left_ > 0 || now_ns >= next_probe_ns_) {
       if (probe_left_ == 0) probe_left_ = kProbeSteps;
       return n;
     }
