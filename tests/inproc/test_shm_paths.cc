@@ -774,7 +774,10 @@ TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
     SCOPED_TRACE(fmt::format("rank {}: answered {}, handed over {}, general {}", r, n.answered, n.handed_over,
                              n.general));
     EXPECT_EQ(n.answered + n.handed_over + n.general, static_cast<uint64_t>(ops)) << "an op not run as an exchange";
-    EXPECT_GE(n.answered, static_cast<uint64_t>(ops / 2)) << "the short path's own polls took too few";
+    // A broken short path answers none. How many it answers depends on the
+    // cores: under ctest -j3 next to other suites rank 1 found rank 0 there
+    // for 119 of 240 (rank 0 off its core), and ops / 2 failed.
+    EXPECT_GE(n.answered, static_cast<uint64_t>(ops / 8)) << "the short path's own polls took too few";
     EXPECT_LE(n.general, static_cast<uint64_t>(ops / 10)) << "messages the transport could not take whole";
   }
   // Rank 0 waits 2 ms for each late op of rank 1: far past its own polls
