@@ -138,7 +138,8 @@ struct Report {
 Result<CalibrationRequest> agree_calibration_request(Bootstrap& boot, CalibrationRequest mine, Deadline deadline) {
   const int p = boot.nranks();
   std::vector<uint8_t> flags(static_cast<size_t>(p), 0);
-  flags[static_cast<size_t>(boot.rank())] = static_cast<uint8_t>((mine.calibrate ? 1 : 0) | (mine.hand_off ? 2 : 0));
+  flags[static_cast<size_t>(boot.rank())] =
+      static_cast<uint8_t>((mine.calibrate ? 1 : 0) | (mine.hand_off ? 2 : 0) | (mine.probe_algos ? 4 : 0));
   LOOM_RETURN_IF_ERROR(boot.allgather(flags.data(), 1, deadline).with_context("calibration request exchange"));
   int n = static_cast<int>(std::count_if(flags.begin(), flags.end(), [](uint8_t f) { return (f & 1) != 0; }));
   if (n > 0 && n < p && boot.rank() == 0)
@@ -146,6 +147,7 @@ Result<CalibrationRequest> agree_calibration_request(Bootstrap& boot, Calibratio
   CalibrationRequest agreed;
   agreed.calibrate = n > 0;
   agreed.hand_off = std::all_of(flags.begin(), flags.end(), [](uint8_t f) { return (f & 2) != 0; });
+  agreed.probe_algos = agreed.hand_off && std::all_of(flags.begin(), flags.end(), [](uint8_t f) { return (f & 4) != 0; });
   return agreed;
 }
 
@@ -258,6 +260,42 @@ Result<HandOffProbe> probe_hand_off(Executor& exec, Bootstrap& boot, int rank, i
   }
   h.elapsed_ms = us_since(t_start) / 1e3;
   return h;
+}
+
+Result<AlgoProbe> probe_schedules(Executor& exec, Bootstrap& boot, const std::vector<const RankSchedule*>& scheds,
+                                  std::vector<std::byte*> bufs, DataType dt, RedOp op, Deadline deadline, int blocks,
+                                  int per_block) {
+  if (scheds.empty() || blocks < 1 || per_block < 1) return invalid_argument("algorithm probe: nothing to time");
+  auto t_start = WallClock::now();
+  const size_t n = scheds.size();
+  std::vector<std::vector<double>> times(n);
+  auto run_one = [&](size_t i) {
+    return exec.run(*scheds[i], bufs, dt, op, deadline,
+                    fmt::format("algorithm probe ({} of {})", scheds[i]->algorithm, n));
+  };
+  for (size_t i = 0; i < n; ++i) LOOM_RETURN_IF_ERROR(run_one(i));  // warm-up: scratch, first contacts
+  for (int b = 0; b < blocks; ++b) {
+    for (size_t i = 0; i < n; ++i) {
+      auto t0 = WallClock::now();
+      for (int k = 0; k < per_block; ++k) LOOM_RETURN_IF_ERROR(run_one(i));
+      times[i].push_back(us_since(t0) / per_block);
+    }
+  }
+  const int p = boot.nranks();
+  std::vector<double> all(n * static_cast<size_t>(p));
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<double>& v = times[i];
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    all[static_cast<size_t>(boot.rank()) * n + i] = v[v.size() / 2];
+  }
+  LOOM_RETURN_IF_ERROR(boot.allgather(all.data(), n * sizeof(double), deadline)
+                           .with_context("algorithm probe exchange"));
+  AlgoProbe probe;
+  probe.us.assign(n, 0.0);
+  for (int r = 0; r < p; ++r)
+    for (size_t i = 0; i < n; ++i) probe.us[i] += all[static_cast<size_t>(r) * n + i] / p;
+  probe.elapsed_ms = us_since(t_start) / 1e3;
+  return probe;
 }
 
 }  // namespace loom

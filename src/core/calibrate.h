@@ -48,9 +48,11 @@ struct CalibrationOptions {
 //    calibrates, with a warning when only some asked);
 //  - hand_off (LOOM_TUNE_HAND_OFF and more ranks on the host than CPUs):
 //    when every rank asks.
+//  - probe_algos (LOOM_TUNE_PROBE_ALGOS, with hand_off): when every rank asks.
 struct CalibrationRequest {
   bool calibrate = false;
   bool hand_off = false;
+  bool probe_algos = false;
 };
 Result<CalibrationRequest> agree_calibration_request(Bootstrap& boot, CalibrationRequest mine, Deadline deadline);
 
@@ -74,5 +76,22 @@ struct HandOffProbe {
 };
 Result<HandOffProbe> probe_hand_off(Executor& exec, Bootstrap& boot, int rank, int nranks, int cores,
                                     Deadline deadline, int rounds = 16, int reps = 3);
+
+// Oversubscribed algorithm probe (LOOM_TUNE_PROBE_ALGOS): runs each of
+// `scheds` (one collective's schedules by several algorithms, the same list
+// on every rank) `blocks` times `per_block` ops in a row, the candidates in
+// turns (a, b, c, a, b, c, ...) so that a change of the host's pace between
+// blocks moves them alike, after one warm-up op each. A rank's figure per
+// candidate is the median over its blocks of the block's time per op; the
+// figures are agreed through one bootstrap allgather as the mean over ranks,
+// summed in rank order (bit-identical on every rank). Every rank passes the
+// same buffers' layout (`bufs`: send, recv; scratch is provided).
+struct AlgoProbe {
+  std::vector<double> us;  // per candidate, time per op
+  double elapsed_ms = 0;
+};
+Result<AlgoProbe> probe_schedules(Executor& exec, Bootstrap& boot, const std::vector<const RankSchedule*>& scheds,
+                                  std::vector<std::byte*> bufs, DataType dt, RedOp op, Deadline deadline,
+                                  int blocks = 6, int per_block = 5);
 
 }  // namespace loom

@@ -916,6 +916,7 @@ Status CommImpl::calibrate_tuner(Deadline deadline) {
   CalibrationRequest mine;
   mine.calibrate = tuner_->calibration_requested() || params::tune_calibrate();
   mine.hand_off = params::tune_hand_off() && tuner_->cost(nranks_).oversubscribed;
+  mine.probe_algos = params::tune_probe_algos();
   LOOM_ASSIGN_OR_RETURN(CalibrationRequest agreed, agree_calibration_request(*boot_, mine, deadline));
   if (agreed.calibrate) {
     auto cal = calibrate_comm(*exec_, *boot_, rank_, nranks_, deadline);
@@ -935,6 +936,60 @@ Status CommImpl::calibrate_tuner(Deadline deadline) {
               " within one -> hand-off {:.2f} / {:.2f} us per rank of a core, in {:.1f} ms", name_, rank_, nranks_,
               cores, h->across_us, h->within_us, c.hand_off_cross_us, c.hand_off_us, h->elapsed_ms);
   }
+  if (agreed.probe_algos) LOOM_RETURN_IF_ERROR(probe_algorithms(Collective::kAllReduce, deadline));
+  return Status::ok();
+}
+
+Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
+  // The latency end, where the model's fixed costs decide: one float per
+  // rank, the smallest op in which every rank has a block of its own (with
+  // fewer elements than ranks, two-shot's and Rabenseifner's schedules skip
+  // their empty blocks' messages and measured half their real cost).
+  CollArgs args;
+  args.coll = coll;
+  args.count = static_cast<size_t>(nranks_);
+  args.dt = DataType::kFloat32;
+  args.op = RedOp::kSum;
+  args.nranks = nranks_;
+  args.rank = rank_;
+  set_job_args(args, host_of_rank_);
+  const size_t bytes = args.count * dtype_size(args.dt);
+  const size_t model_bytes = topo::bytes_are_blocks(coll) ? bytes * static_cast<size_t>(nranks_) : bytes;
+  const topo::CommCost cost = tuner_->cost(nranks_);
+  // Candidates: what the job can run, the model's estimate within 4x of the
+  // best (the same list on every rank: the cost is agreed).
+  struct Cand {
+    topo::AlgoKind kind;
+    double model_us;
+    RankSchedule sched;
+  };
+  std::vector<Cand> cands;
+  double best = std::numeric_limits<double>::infinity();
+  for (const std::string& name : runnable_algorithms(args)) {
+    auto kind = topo::parse_algo(name, coll);
+    if (!kind) continue;
+    auto est = topo::estimate(*kind, coll, model_bytes, nranks_, cost);
+    if (!est) continue;
+    LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(args, name));
+    best = std::min(best, est->us);
+    cands.push_back({*kind, est->us, std::move(s)});
+  }
+  std::erase_if(cands, [&](const Cand& c) { return c.model_us > 4 * best; });
+  if (cands.size() < 2) return Status::ok();
+  std::vector<const RankSchedule*> scheds;
+  for (const Cand& c : cands) scheds.push_back(&c.sched);
+  std::vector<float> send(args.count, 1.0f), recv(args.count);
+  std::vector<std::byte*> bufs = {reinterpret_cast<std::byte*>(send.data()), reinterpret_cast<std::byte*>(recv.data())};
+  auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline);
+  if (!probe.is_ok()) return probe.status().with_context("algorithm probe (LOOM_TUNE_PROBE_ALGOS=0 skips it)");
+  std::string summary;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    LOOM_RETURN_IF_ERROR(tuner_->set_measured_offset(coll, nranks_, cands[i].kind, probe->us[i] - cands[i].model_us));
+    summary += fmt::format("{}{} {:.1f} us (model {:.1f})", i ? ", " : "", cands[i].sched.algorithm, probe->us[i],
+                           cands[i].model_us);
+  }
+  LOOM_INFO(kLogTune, "{} rank {}: algorithm probe, {} {} B on {} ranks: {}; in {:.1f} ms", name_, rank_,
+            collective_name(coll), bytes, nranks_, summary, probe->elapsed_ms);
   return Status::ok();
 }
 

@@ -197,6 +197,9 @@ class CommImpl final : public diag::DiagClient {
   Result<const RankSchedule*> schedule_for(const CollArgs& args);
   // LOOM_TUNE_CALIBRATE=1: measure links and reduction, agree, and feed the tuner (core/calibrate.h).
   Status calibrate_tuner(Deadline deadline);
+  // Oversubscribed: times the model's candidates for a small `coll` and hands
+  // the tuner the measured offsets (LOOM_TUNE_PROBE_ALGOS; calibrate.h).
+  Status probe_algorithms(Collective coll, Deadline deadline);
   // Fails init, naming the variable and this rank's value, when a setting
   // that shapes every schedule, the tuner's choice, the wire format or a
   // connection differs between ranks (LOOM_CHUNK_BYTES, LOOM_ALGO,

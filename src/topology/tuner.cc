@@ -266,6 +266,14 @@ CommCost Tuner::derive_cost(int nranks, double* alpha_scale, double* beta_scale)
   return c;
 }
 
+Status Tuner::set_measured_offset(Collective coll, int nranks, AlgoKind a, double offset_us) {
+  if (!std::isfinite(offset_us) || std::abs(offset_us) > 1e7)
+    return invalid_argument("measured offset " + std::to_string(offset_us) + " us out of range");
+  std::lock_guard<std::mutex> lock(mu_);
+  offsets_[{static_cast<int>(coll), nranks, static_cast<int>(a)}] = offset_us;
+  return Status::ok();
+}
+
 CommCost Tuner::cost(int nranks) {
   nranks = std::max(nranks, 1);
   std::lock_guard<std::mutex> lock(mu_);
@@ -312,10 +320,21 @@ Result<Selection> Tuner::select(Collective coll, size_t bytes, int nranks, const
     std::optional<Estimate> est;
   };
   std::vector<Cand> cands;
-  for (const std::string& n : names) {
-    Cand cd{n, parse_algo(n, coll), std::nullopt};
-    if (cd.kind) cd.est = estimate(*cd.kind, coll, bytes, nranks, c);
-    cands.push_back(std::move(cd));
+  bool probed = false;  // an estimate carries a measured offset
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& n : names) {
+      Cand cd{n, parse_algo(n, coll), std::nullopt};
+      if (cd.kind) cd.est = estimate(*cd.kind, coll, bytes, nranks, c);
+      if (cd.est) {
+        auto it = offsets_.find({static_cast<int>(coll), nranks, static_cast<int>(*cd.kind)});
+        if (it != offsets_.end()) {
+          cd.est->us = std::max(0.0, cd.est->us + it->second);
+          probed = true;
+        }
+      }
+      cands.push_back(std::move(cd));
+    }
   }
   // Model order: estimated candidates fastest first, the rest after, in the caller's order.
   std::vector<size_t> order(cands.size());
@@ -327,7 +346,7 @@ Result<Selection> Tuner::select(Collective coll, size_t bytes, int nranks, const
   });
 
   size_t chosen = order[0];
-  std::string source = cands[chosen].est ? "model" : "first available";
+  std::string source = cands[chosen].est ? (probed ? "model + probe" : "model") : "first available";
   size_t chunk_override = 0;
   int channel_override = 0;
   bool forced = false;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "loom/status.h"
@@ -123,6 +124,14 @@ class Tuner {
   // and spreads the rest over the other ranks of the core: CommCost::
   // hand_off_cross_us and hand_off_us.
   Status set_hand_off_rounds(double across_us, double within_us);
+  // Oversubscribed algorithm probe (core/calibrate.h, probe_schedules): the
+  // measured time minus the model's estimate of algorithm `a` for `coll` at
+  // `nranks`, at the probe's size. select() adds it to the model's estimate
+  // of `a` at every size: where ranks take turns on the cores, an op's fixed
+  // cost is the scheduler's (how often, and how long, a rank waits for a
+  // core-mate), which the model's rounds price only roughly; its per-byte
+  // terms are kept. Every rank must set the same offsets (agreed figures).
+  Status set_measured_offset(Collective coll, int nranks, AlgoKind a, double offset_us);
 
   const TopoGraph& graph() const { return graph_; }
 
@@ -138,6 +147,7 @@ class Tuner {
   bool calibrate_requested_ = false;
   std::optional<double> cal_alpha_us_, cal_bw_, cal_gamma_;
   std::optional<double> round_across_us_, round_within_us_;
+  std::map<std::tuple<int, int, int>, double> offsets_;  // (coll, nranks, algo) -> us
   std::mutex mu_;
   std::map<int, CommCost> cache_;
 };

@@ -151,8 +151,23 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
     EXPECT_EQ(d.hand_off_us, defaults.hand_off_us) << "rank " << r;
     EXPECT_EQ(d.hand_off_cross_us, defaults.hand_off_cross_us) << "rank " << r;
   }
+  // LOOM_TUNE_PROBE_ALGOS (default on, with the hand-off probe): the small
+  // allreduce's candidates were timed and every rank prices them alike
+  // (bit-identical figures: the ranks must choose the same algorithm).
+  auto s0 = comms[0]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {});
+  ASSERT_TRUE(s0.is_ok());
+  EXPECT_EQ(s0->source, "model + probe");
+  for (int r = 0; r < n; ++r) {
+    auto s = comms[r]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {});
+    ASSERT_TRUE(s.is_ok());
+    EXPECT_EQ(s->algorithm, s0->algorithm) << "rank " << r;
+    EXPECT_EQ(s->predicted_us, s0->predicted_us) << "rank " << r;
+    EXPECT_EQ(s->runner_up_us, s0->runner_up_us) << "rank " << r;
+    EXPECT_EQ(plain[r]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {})->source, "model") << "rank " << r;
+  }
   std::vector<testing::Case> cases = {
       {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, false, 0},
+      {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 2, true, 0},
       {Collective::kReduceScatter, DataType::kInt32, RedOp::kMax, 4099, false, 0},
       {Collective::kAllGather, DataType::kFloat64, RedOp::kSum, 777, true, 0},
   };

@@ -375,6 +375,28 @@ TEST_F(PerfCli, RanksDisagreeingOnTheChunkFailAtInit) {
   EXPECT_NE(p.out.find("libloom-tuner-example.so): it must be the same"), std::string::npos) << p.out;
 }
 
+// The oversubscribed algorithm probe runs at init only when every rank asks
+// for it (LOOM_TUNE_PROBE_ALGOS): a rank that probed alone would wait for its
+// peers until the deadline. Here rank 1 says 0: nobody probes, the hand-off
+// probe still runs, the job runs; with the default everyone probes.
+TEST_F(PerfCli, OneRankWithoutTheAlgorithmProbeStopsItEverywhere) {
+  const int n = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) + 2;  // more ranks than CPUs
+  auto job = [&](const std::string& rank1) {
+    return run("env LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNE " + bin_dir() + "/loomrun -n " + std::to_string(n) +
+               " -- sh -c 'if [ \"$LOOM_RANK\" = 1 ]; then " + rank1 + "; fi; exec " + bin_dir() +
+               "/all_reduce_perf -b 8 -e 4K -f 8 -n 5 -w 1 -T 30' 2>&1");
+  };
+  Outcome off = job("export LOOM_TUNE_PROBE_ALGOS=0");
+  EXPECT_EQ(off.rc, 0) << off.out;
+  EXPECT_NE(off.out.find("hand-off probe"), std::string::npos) << off.out;
+  EXPECT_EQ(off.out.find("algorithm probe,"), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("# Out of bounds values : 0 OK"), std::string::npos) << off.out;
+  Outcome on = job("true");
+  EXPECT_EQ(on.rc, 0) << on.out;
+  EXPECT_NE(on.out.find("algorithm probe, allreduce"), std::string::npos) << on.out;
+  EXPECT_NE(on.out.find("(model + probe"), std::string::npos) << on.out;
+}
+
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
 // discovers this host) model the job alike: every rank's tuner uses rank 0's
 // graph. Regression: they chose 8 MiB and 256 KiB chunks for one 16 MiB ring

@@ -1,4 +1,5 @@
 // LOOM_ALGO grammar, and forcing through the tuner.
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -109,6 +110,41 @@ TEST(AlgoOverride, ForcingChangesTheSelection) {
   auto fb = t.select(Collective::kAllReduce, 256, 8, avail);
   EXPECT_EQ(fb->algorithm, "hypercube");
   EXPECT_EQ(fb->source, "model");
+}
+
+// The oversubscribed algorithm probe (LOOM_TUNE_PROBE_ALGOS) hands the tuner
+// measured minus modelled times; select() adds them to that algorithm's
+// estimate for that collective and rank count only, at every size.
+TEST(TunerProbe, MeasuredOffsetsMoveTheChoice) {
+  Tuner t(flat_host());
+  const std::vector<std::string> avail = {"ring", "hypercube", "direct"};
+  auto before = t.select(Collective::kAllReduce, 8, 8, avail);
+  ASSERT_TRUE(before.is_ok());
+  ASSERT_EQ(before->source, "model");
+  ASSERT_FALSE(before->runner_up.empty());
+  const std::string first = before->algorithm, second = before->runner_up;
+  const double a = before->predicted_us, b = before->runner_up_us;
+  // Measured: the model's choice 5 us slower than its runner-up's estimate.
+  const double off = b - a + 5;
+  ASSERT_TRUE(t.set_measured_offset(Collective::kAllReduce, 8, *parse_algo(first, Collective::kAllReduce), off).is_ok());
+  auto after = t.select(Collective::kAllReduce, 8, 8, avail);
+  ASSERT_TRUE(after.is_ok());
+  EXPECT_EQ(after->algorithm, second);
+  EXPECT_EQ(after->source, "model + probe");
+  EXPECT_DOUBLE_EQ(after->predicted_us, b);
+  EXPECT_EQ(after->runner_up, first);
+  EXPECT_DOUBLE_EQ(after->runner_up_us, a + off);
+  // Another rank count or collective keeps the model's figures.
+  EXPECT_EQ(t.select(Collective::kAllReduce, 8, 4, avail)->source, "model");
+  EXPECT_EQ(t.select(Collective::kAllGather, 64, 8, {"ring", "hypercube", "direct"})->source, "model");
+  // Large sizes: the offset is a fixed cost; the ring stays ahead.
+  EXPECT_EQ(t.select(Collective::kAllReduce, 256u << 20, 8, avail)->algorithm, "ring");
+  // A negative offset never prices an algorithm below zero.
+  ASSERT_TRUE(t.set_measured_offset(Collective::kAllReduce, 8, AlgoKind::kRing, -1e6).is_ok());
+  auto ring = t.select(Collective::kAllReduce, 8, 8, avail);
+  EXPECT_EQ(ring->algorithm, "ring");
+  EXPECT_EQ(ring->predicted_us, 0.0);
+  EXPECT_FALSE(t.set_measured_offset(Collective::kAllReduce, 8, AlgoKind::kRing, std::nan("")).is_ok());
 }
 
 TEST(AlgoOverride, FromEnvironment) {
