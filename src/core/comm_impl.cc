@@ -936,7 +936,9 @@ Status CommImpl::calibrate_tuner(Deadline deadline) {
               " within one -> hand-off {:.2f} / {:.2f} us per rank of a core, in {:.1f} ms", name_, rank_, nranks_,
               cores, h->across_us, h->within_us, c.hand_off_cross_us, c.hand_off_us, h->elapsed_ms);
   }
-  if (agreed.probe_algos) LOOM_RETURN_IF_ERROR(probe_algorithms(Collective::kAllReduce, deadline));
+  if (agreed.probe_algos)
+    for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter})
+      LOOM_RETURN_IF_ERROR(probe_algorithms(coll, deadline));
   return Status::ok();
 }
 
@@ -947,7 +949,7 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
   // their empty blocks' messages and measured half their real cost).
   CollArgs args;
   args.coll = coll;
-  args.count = static_cast<size_t>(nranks_);
+  args.count = topo::bytes_are_blocks(coll) ? 1 : static_cast<size_t>(nranks_);  // a block per rank
   args.dt = DataType::kFloat32;
   args.op = RedOp::kSum;
   args.nranks = nranks_;
@@ -978,7 +980,10 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
   if (cands.size() < 2) return Status::ok();
   std::vector<const RankSchedule*> scheds;
   for (const Cand& c : cands) scheds.push_back(&c.sched);
-  std::vector<float> send(args.count, 1.0f), recv(args.count);
+  // Room for any of the three: all_gather's output and reduce_scatter's
+  // input are nranks blocks.
+  const size_t room = args.count * static_cast<size_t>(nranks_);
+  std::vector<float> send(room, 1.0f), recv(room);
   std::vector<std::byte*> bufs = {reinterpret_cast<std::byte*>(send.data()), reinterpret_cast<std::byte*>(recv.data())};
   auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline);
   if (!probe.is_ok()) return probe.status().with_context("algorithm probe (LOOM_TUNE_PROBE_ALGOS=0 skips it)");

@@ -152,18 +152,25 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
     EXPECT_EQ(d.hand_off_cross_us, defaults.hand_off_cross_us) << "rank " << r;
   }
   // LOOM_TUNE_PROBE_ALGOS (default on, with the hand-off probe): the small
-  // allreduce's candidates were timed and every rank prices them alike
-  // (bit-identical figures: the ranks must choose the same algorithm).
-  auto s0 = comms[0]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {});
-  ASSERT_TRUE(s0.is_ok());
-  EXPECT_EQ(s0->source, "model + probe");
-  for (int r = 0; r < n; ++r) {
-    auto s = comms[r]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {});
-    ASSERT_TRUE(s.is_ok());
-    EXPECT_EQ(s->algorithm, s0->algorithm) << "rank " << r;
-    EXPECT_EQ(s->predicted_us, s0->predicted_us) << "rank " << r;
-    EXPECT_EQ(s->runner_up_us, s0->runner_up_us) << "rank " << r;
-    EXPECT_EQ(plain[r]->impl()->tuner()->select(Collective::kAllReduce, 8, n, {})->source, "model") << "rank " << r;
+  // allreduce's, all_gather's and reduce_scatter's candidates were timed
+  // (all_gather's output and reduce_scatter's input are nranks blocks: the
+  // probe's buffers must hold them, which ASan checks here) and every rank
+  // prices them alike (bit-identical figures: the ranks must choose the
+  // same algorithm).
+  for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+    SCOPED_TRACE(collective_name(coll));
+    const size_t bytes = 8 * static_cast<size_t>(n);
+    auto s0 = comms[0]->impl()->tuner()->select(coll, bytes, n, {});
+    ASSERT_TRUE(s0.is_ok());
+    EXPECT_EQ(s0->source, "model + probe");
+    for (int r = 0; r < n; ++r) {
+      auto s = comms[r]->impl()->tuner()->select(coll, bytes, n, {});
+      ASSERT_TRUE(s.is_ok());
+      EXPECT_EQ(s->algorithm, s0->algorithm) << "rank " << r;
+      EXPECT_EQ(s->predicted_us, s0->predicted_us) << "rank " << r;
+      EXPECT_EQ(s->runner_up_us, s0->runner_up_us) << "rank " << r;
+      EXPECT_EQ(plain[r]->impl()->tuner()->select(coll, bytes, n, {})->source, "model") << "rank " << r;
+    }
   }
   std::vector<testing::Case> cases = {
       {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, false, 0},
