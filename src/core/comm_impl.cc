@@ -916,7 +916,13 @@ Status CommImpl::calibrate_tuner(Deadline deadline) {
   CalibrationRequest mine;
   mine.calibrate = tuner_->calibration_requested() || params::tune_calibrate();
   mine.hand_off = params::tune_hand_off() && tuner_->cost(nranks_).oversubscribed;
-  mine.probe_algos = params::tune_probe_algos();
+  // The algorithm probe runs a hundred ops or so; on a host loaded far past
+  // its cores each can take milliseconds, and a job that asked for a short
+  // deadline (LOOM_TIMEOUT=2 in the doctor's tests, under ctest -j2) then
+  // failed its init in the probe. A rank with less than kProbeMinLeft of its
+  // init deadline left says no, and then nobody probes.
+  constexpr auto kProbeMinLeft = std::chrono::seconds(10);
+  mine.probe_algos = params::tune_probe_algos() && deadline - Clock::now() >= kProbeMinLeft;
   LOOM_ASSIGN_OR_RETURN(CalibrationRequest agreed, agree_calibration_request(*boot_, mine, deadline));
   if (agreed.calibrate) {
     auto cal = calibrate_comm(*exec_, *boot_, rank_, nranks_, deadline);
@@ -936,13 +942,16 @@ Status CommImpl::calibrate_tuner(Deadline deadline) {
               " within one -> hand-off {:.2f} / {:.2f} us per rank of a core, in {:.1f} ms", name_, rank_, nranks_,
               cores, h->across_us, h->within_us, c.hand_off_cross_us, c.hand_off_us, h->elapsed_ms);
   }
+  // reduce_scatter is left out: its two priced algorithms (ring,
+  // Rabenseifner) kept their order with the probe (8 ranks on 2 cores).
   if (agreed.probe_algos)
-    for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter})
+    for (Collective coll : {Collective::kAllReduce, Collective::kAllGather})
       LOOM_RETURN_IF_ERROR(probe_algorithms(coll, deadline));
   return Status::ok();
 }
 
 Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
+  constexpr size_t kProbeMaxCandidates = 3;
   // The latency end, where the model's fixed costs decide: one float per
   // rank, the smallest op in which every rank has a block of its own (with
   // fewer elements than ranks, two-shot's and Rabenseifner's schedules skip
@@ -958,8 +967,9 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
   const size_t bytes = args.count * dtype_size(args.dt);
   const size_t model_bytes = topo::bytes_are_blocks(coll) ? bytes * static_cast<size_t>(nranks_) : bytes;
   const topo::CommCost cost = tuner_->cost(nranks_);
-  // Candidates: what the job can run, the model's estimate within 4x of the
-  // best (the same list on every rank: the cost is agreed).
+  // Candidates: what the job can run and the model prices, its best three
+  // within 4x of the best, and at least two (the same list on every rank: the
+  // cost is agreed).
   struct Cand {
     topo::AlgoKind kind;
     double model_us;
@@ -976,16 +986,19 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
     best = std::min(best, est->us);
     cands.push_back({*kind, est->us, std::move(s)});
   }
-  std::erase_if(cands, [&](const Cand& c) { return c.model_us > 4 * best; });
+  std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.model_us < b.model_us; });
+  size_t keep = std::min<size_t>(cands.size(), kProbeMaxCandidates);
+  while (keep > 2 && cands[keep - 1].model_us > 4 * best) --keep;
+  cands.resize(keep);
   if (cands.size() < 2) return Status::ok();
   std::vector<const RankSchedule*> scheds;
   for (const Cand& c : cands) scheds.push_back(&c.sched);
-  // Room for any of the three: all_gather's output and reduce_scatter's
-  // input are nranks blocks.
+  // Room for any collective: all_gather's output and reduce_scatter's input
+  // are nranks blocks.
   const size_t room = args.count * static_cast<size_t>(nranks_);
   std::vector<float> send(room, 1.0f), recv(room);
   std::vector<std::byte*> bufs = {reinterpret_cast<std::byte*>(send.data()), reinterpret_cast<std::byte*>(recv.data())};
-  auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline);
+  auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline, /*blocks=*/4, /*per_block=*/4);
   if (!probe.is_ok()) return probe.status().with_context("algorithm probe (LOOM_TUNE_PROBE_ALGOS=0 skips it)");
   std::string summary;
   for (size_t i = 0; i < cands.size(); ++i) {

@@ -152,12 +152,11 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
     EXPECT_EQ(d.hand_off_cross_us, defaults.hand_off_cross_us) << "rank " << r;
   }
   // LOOM_TUNE_PROBE_ALGOS (default on, with the hand-off probe): the small
-  // allreduce's, all_gather's and reduce_scatter's candidates were timed
-  // (all_gather's output and reduce_scatter's input are nranks blocks: the
-  // probe's buffers must hold them, which ASan checks here) and every rank
-  // prices them alike (bit-identical figures: the ranks must choose the
-  // same algorithm).
-  for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+  // allreduce's and all_gather's candidates were timed (all_gather's output
+  // is nranks blocks: the probe's buffers must hold them, which ASan checks
+  // here), at least two each, and every rank prices them alike
+  // (bit-identical figures: the ranks must choose the same algorithm).
+  for (Collective coll : {Collective::kAllReduce, Collective::kAllGather}) {
     SCOPED_TRACE(collective_name(coll));
     const size_t bytes = 8 * static_cast<size_t>(n);
     auto s0 = comms[0]->impl()->tuner()->select(coll, bytes, n, {});
@@ -172,6 +171,7 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
       EXPECT_EQ(plain[r]->impl()->tuner()->select(coll, bytes, n, {})->source, "model") << "rank " << r;
     }
   }
+  EXPECT_EQ(comms[0]->impl()->tuner()->select(Collective::kReduceScatter, 64, n, {})->source, "model");
   std::vector<testing::Case> cases = {
       {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, false, 0},
       {Collective::kAllReduce, DataType::kFloat32, RedOp::kSum, 2, true, 0},
