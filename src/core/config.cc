@@ -87,8 +87,8 @@ std::vector<ParamInfo>& registry() {
        "context-switch cost). 0: the cost model's defaults."},
       {"LOOM_TUNE_PROBE_ALGOS", "bool", "1",
        "With more ranks on the host than CPUs (and LOOM_TUNE_HAND_OFF on): each communicator times, at init, "
-       "the allreduce and all_gather algorithms the model prices best for a block of one float per rank (the "
-       "best three within 4x, at least two; turns of 4 ops, 4 rounds; ~5 ms in all at 8 ranks on 2 cores), "
+       "the allreduce and all_gather algorithms the model prices within 4x of its best for a block of one float "
+       "per rank (at least two; turns of 4 ops, 4 rounds; ~4 ms in all at 8 ranks on 2 cores), "
        "agrees on the mean over ranks and adds the difference between measured and modelled time to that "
        "algorithm's estimate at every size (8 ranks on 2 cores: the model put recursive doubling ahead of "
        "direct, which measured 0.71-0.89 of its time up to 1 KiB). Skipped when any rank has less than 10 s "
