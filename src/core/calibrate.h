@@ -92,6 +92,6 @@ struct AlgoProbe {
 };
 Result<AlgoProbe> probe_schedules(Executor& exec, Bootstrap& boot, const std::vector<const RankSchedule*>& scheds,
                                   std::vector<std::byte*> bufs, DataType dt, RedOp op, Deadline deadline,
-                                  int blocks = 6, int per_block = 5);
+                                  int blocks = 4, int per_block = 4);
 
 }  // namespace loom

@@ -1000,7 +1000,7 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
   const size_t room = args.count * static_cast<size_t>(nranks_);
   std::vector<float> send(room, 1.0f), recv(room);
   std::vector<std::byte*> bufs = {reinterpret_cast<std::byte*>(send.data()), reinterpret_cast<std::byte*>(recv.data())};
-  auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline, /*blocks=*/4, /*per_block=*/4);
+  auto probe = probe_schedules(*exec_, *boot_, scheds, bufs, args.dt, args.op, deadline);
   if (!probe.is_ok()) return probe.status().with_context("algorithm probe (LOOM_TUNE_PROBE_ALGOS=0 skips it)");
   std::string summary;
   for (size_t i = 0; i < cands.size(); ++i) {
