@@ -184,11 +184,13 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
 
 // probe_schedules times each schedule it is given, in turns, and every rank
 // gets the same figures (the mean over ranks, summed in rank order): here an
-// 8 B and a 4 MiB allreduce, hundreds of times apart, on 2 ranks.
+// 8 B and a 64 MiB allreduce on 2 ranks. Only their order is asserted: under
+// ctest -j2 a 4 MiB allreduce measured 570 us against 203 for 8 B (a rank
+// off its core for whole blocks), where a quiet run reads 300 against 1.
 TEST(AlgorithmProbe, TimesEachScheduleAndEveryRankAgrees) {
   auto comms = make_comms(2, nullptr);
   ASSERT_EQ(comms.size(), 2u);
-  constexpr size_t kBig = size_t{1} << 20;  // floats
+  constexpr size_t kBig = size_t{16} << 20;  // floats: 64 MiB
   std::vector<Result<AlgoProbe>> got(2, Result<AlgoProbe>(internal_error("not run")));
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
@@ -220,7 +222,7 @@ TEST(AlgorithmProbe, TimesEachScheduleAndEveryRankAgrees) {
     EXPECT_EQ(got[r]->us, got[0]->us) << "rank " << r;  // bit-identical
   }
   EXPECT_GT(got[0]->us[0], 0.0);
-  EXPECT_GT(got[0]->us[1], 5 * got[0]->us[0]) << "4 MiB " << got[0]->us[1] << " us, 8 B " << got[0]->us[0] << " us";
+  EXPECT_GT(got[0]->us[1], got[0]->us[0]) << "64 MiB " << got[0]->us[1] << " us, 8 B " << got[0]->us[0] << " us";
 }
 
 // A calibration run fails (here: rank 1 never echoes, so rank 0's ping-pong
