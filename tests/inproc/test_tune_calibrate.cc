@@ -4,6 +4,7 @@
 // the values must be physically sane, and collectives must still be correct.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "core/calibrate.h"
 #include "core/comm_impl.h"
 #include "core/config.h"
+#include "core/schedule_args.h"
 
 namespace loom {
 namespace {
@@ -170,6 +172,33 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
       EXPECT_EQ(s->predicted_us, s0->predicted_us) << "rank " << r;
       EXPECT_EQ(s->runner_up_us, s0->runner_up_us) << "rank " << r;
       EXPECT_EQ(plain[r]->impl()->tuner()->select(coll, bytes, n, {})->source, "model") << "rank " << r;
+    }
+  }
+  // Every candidate the model prices within 4x of its best at the probe's
+  // size was probed: an unprobed one would keep the model's fixed cost
+  // against its rivals' measured ones (regression: with only the best three
+  // probed, 4 ranks' 16 KiB allreduce went to an unprobed Rabenseifner).
+  // Alone in the list, a probed algorithm's estimate says "model + probe".
+  {
+    topo::Tuner* t = comms[0]->impl()->tuner();
+    for (Collective coll : {Collective::kAllReduce, Collective::kAllGather}) {
+      const size_t bytes = sizeof(float) * static_cast<size_t>(n);  // the probe's: a float per rank
+      const std::vector<topo::Estimate> est = t->estimate_all(coll, bytes, n);  // the model alone, fastest first
+      ASSERT_FALSE(est.empty());
+      CollArgs args;
+      args.coll = coll;
+      args.nranks = n;
+      args.count = coll == Collective::kAllReduce ? static_cast<size_t>(n) : 1;
+      set_job_args(args, std::vector<int>(static_cast<size_t>(n), 0));  // one host, as the communicator's
+      const std::vector<std::string> runnable = runnable_algorithms(args);
+      int probed = 0;
+      for (const topo::Estimate& e : est) {
+        const std::string name = topo::algo_name(e.algo);
+        if (e.us > 4 * est[0].us || std::find(runnable.begin(), runnable.end(), name) == runnable.end()) continue;
+        EXPECT_EQ(t->select(coll, bytes, n, {name})->source, "model + probe") << collective_name(coll) << " " << name;
+        ++probed;
+      }
+      EXPECT_GE(probed, 2) << collective_name(coll);
     }
   }
   EXPECT_EQ(comms[0]->impl()->tuner()->select(Collective::kReduceScatter, 64, n, {})->source, "model");
