@@ -454,6 +454,18 @@ Result<Work> CommImpl::enqueue(Op& op) {
   return w;
 }
 
+namespace {
+// The size the cost model prices a call at: all_gather's whole output,
+// reduce_scatter's whole input and all_to_all's whole send buffer, i.e.
+// nranks blocks (topo/cost_model.h). Regression: it was handed one block, so
+// every prediction and pipelining chunk was for a buffer nranks times smaller
+// than the real one (test: inproc/test_tuner_sizes).
+size_t model_bytes_of(const CollArgs& a) {
+  const size_t bytes = a.count * dtype_size(a.dt);
+  return topo::bytes_are_blocks(a.coll) ? bytes * static_cast<size_t>(a.nranks) : bytes;
+}
+}  // namespace
+
 Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   if (a.coll == Collective::kSendRecv) return static_cast<const RankSchedule*>(nullptr);
   // A plain key: no formatting or allocation on a cache hit.
@@ -472,12 +484,7 @@ Result<const RankSchedule*> CommImpl::schedule_for(const CollArgs& a) {
   const std::vector<std::string> available = runnable_algorithms(args);
   std::string chosen;
   const size_t bytes = a.count * dtype_size(a.dt);  // per-rank count (NCCL's), logged as is
-  // The cost model counts all_gather's whole output, reduce_scatter's whole
-  // input and all_to_all's whole send buffer (topo/cost_model.h), i.e. nranks
-  // blocks. Regression: it was handed one block, so every prediction and
-  // pipelining chunk was for a buffer nranks times smaller than the real one
-  // (test: inproc/test_tuner_sizes).
-  const size_t model_bytes = topo::bytes_are_blocks(a.coll) ? bytes * static_cast<size_t>(a.nranks) : bytes;
+  const size_t model_bytes = model_bytes_of(a);  // nranks blocks for the block collectives
   if (tuner_ && !available.empty()) {
     auto sel = tuner_->select(a.coll, model_bytes, a.nranks, available);
     if (sel.is_ok()) {
@@ -964,7 +971,7 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
   args.rank = rank_;
   set_job_args(args, host_of_rank_);
   const size_t bytes = args.count * dtype_size(args.dt);
-  const size_t model_bytes = topo::bytes_are_blocks(coll) ? bytes * static_cast<size_t>(nranks_) : bytes;
+  const size_t model_bytes = model_bytes_of(args);
   const topo::CommCost cost = tuner_->cost(nranks_);
   // Candidates: what the job can run and the model prices within 4x of its
   // best, at least two (the same list on every rank: the cost is agreed).
@@ -978,19 +985,17 @@ Status CommImpl::probe_algorithms(Collective coll, Deadline deadline) {
     RankSchedule sched;
   };
   std::vector<Cand> cands;
-  double best = std::numeric_limits<double>::infinity();
   for (const std::string& name : runnable_algorithms(args)) {
     auto kind = topo::parse_algo(name, coll);
     if (!kind) continue;
     auto est = topo::estimate(*kind, coll, model_bytes, nranks_, cost);
     if (!est) continue;
     LOOM_ASSIGN_OR_RETURN(RankSchedule s, make_schedule(args, name));
-    best = std::min(best, est->us);
     cands.push_back({*kind, est->us, std::move(s)});
   }
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.model_us < b.model_us; });
   size_t keep = cands.size();
-  while (keep > 2 && cands[keep - 1].model_us > 4 * best) --keep;
+  while (keep > 2 && cands[keep - 1].model_us > 4 * cands[0].model_us) --keep;
   cands.resize(keep);
   if (cands.size() < 2) return Status::ok();
   std::vector<const RankSchedule*> scheds;
