@@ -1,5 +1,6 @@
 #include "algorithms/algorithms.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -119,6 +120,25 @@ Result<RankSchedule> make_schedule(const CollArgs& args, const std::string& algo
   return last;
 }
 
+namespace {
+// RankSchedule::short_path and max_transfer_count, once the first contacts
+// are marked.
+void mark_short_path(RankSchedule& s) {
+  size_t transfers = 0, largest = 0;
+  for (const Phase& ph : s.phases) {
+    size_t in_phase = 0;
+    for (const Step& st : ph.steps) {
+      if (!is_comm_step(st.kind) || st.count == 0) continue;
+      if (!st.first_contact || st.peer < 0 || ++in_phase > RankSchedule::kShortPathMaxTransfers) return;
+      largest = std::max(largest, st.count);
+    }
+    transfers += in_phase;
+  }
+  s.short_path = transfers > 0;
+  s.max_transfer_count = largest;
+}
+}  // namespace
+
 void mark_first_contacts(RankSchedule& s, bool every_message) {
   std::vector<uint8_t> sent, received;  // per peer: a transfer already marked
   for (Phase& ph : s.phases)
@@ -133,8 +153,12 @@ void mark_first_contacts(RankSchedule& s, bool every_message) {
     }
   s.contacts_marked = true;
   s.single_exchange = false;
+  s.short_path = false;
+  s.max_transfer_count = 0;
   // Send/recv groups keep the general path: their headers are per message.
-  if (every_message || s.phases.empty() || s.phases[0].steps.size() != 2) return;
+  if (every_message) return;
+  mark_short_path(s);
+  if (s.phases.empty() || s.phases[0].steps.size() != 2) return;
   for (size_t i = 1; i < s.phases.size(); ++i)
     for (const Step& st : s.phases[i].steps)
       if (is_comm_step(st.kind)) return;
@@ -144,6 +168,7 @@ void mark_first_contacts(RankSchedule& s, bool every_message) {
                       (rcv.kind == StepKind::kRecv || rcv.kind == StepKind::kRecvReduce) && snd.peer >= 0 &&
                       snd.peer == rcv.peer && snd.count > 0 && snd.count == rcv.count && snd.first_contact &&
                       rcv.first_contact;
+  if (s.single_exchange) s.short_path = false;  // run_exchange's
 }
 
 std::string describe(const Step& s) {

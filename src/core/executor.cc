@@ -61,6 +61,8 @@ Status Executor::ensure_scratch(size_t bytes) {
 Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
                      Deadline deadline, const std::string& what) {
   const size_t es = dtype_size(dt);
+  if (sched.short_path && fp_ && !fp_->per_peer() && sched.max_transfer_count * es <= kExchangeMaxBytes)
+    return run_short(sched, bufs, dt, op, deadline, what);
   LOOM_RETURN_IF_ERROR(provide_scratch(sched, es, bufs));
   // diag: which messages carry the op's fingerprint is marked in the
   // schedule (Step::first_contact); both ends must mark theirs.
@@ -114,11 +116,10 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     switch (s.kind) {
       case StepKind::kCopy:
         if (s.overlap) overlapped_.push_back(&s);  // after the transfers are posted
-        else if (s.dst.buf == kBufScratch) copy_into_scratch(ptr(s.dst), ptr(s.src), s.count * es);
-        else mem_->copy(ptr(s.dst), ptr(s.src), s.count * es);
+        else run_local(s, bufs, dt, op);
         break;
-      case StepKind::kReduce: mem_->reduce(ptr(s.dst), ptr(s.src), ptr(s.src2), s.count, dt, op); break;
-      case StepKind::kDivide: mem_->divide(ptr(s.dst), s.count, dt, static_cast<uint64_t>(nranks_)); break;
+      case StepKind::kReduce:
+      case StepKind::kDivide: run_local(s, bufs, dt, op); break;
       default: {
         if (s.count == 0) break;
         Connection* c = transport_->connection(s.peer);
@@ -144,6 +145,20 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     return Status::ok();
   }
   return drive(bufs, dt, op, deadline, what, phase_index, nphases);
+}
+
+void Executor::run_local(const Step& s, std::vector<std::byte*>& bufs, DataType dt, RedOp op) {
+  const size_t es = dtype_size(dt);
+  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
+  switch (s.kind) {
+    case StepKind::kCopy:
+      if (s.dst.buf == kBufScratch) copy_into_scratch(ptr(s.dst), ptr(s.src), s.count * es);
+      else mem_->copy(ptr(s.dst), ptr(s.src), s.count * es);
+      break;
+    case StepKind::kReduce: mem_->reduce(ptr(s.dst), ptr(s.src), ptr(s.src2), s.count, dt, op); break;
+    case StepKind::kDivide: mem_->divide(ptr(s.dst), s.count, dt, static_cast<uint64_t>(nranks_)); break;
+    default: break;
+  }
 }
 
 void Executor::copy_into_scratch(std::byte* dst, const std::byte* src, size_t bytes) {
@@ -366,6 +381,111 @@ Status Executor::drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Dea
     idle = spin_ / 2;  // after a wake-up, spin a little before sleeping again
     spin_until = Clock::now();  // ... and without the time floor
   }
+}
+
+Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
+                           Deadline deadline, const std::string& what) {
+  const size_t es = dtype_size(dt);
+  LOOM_RETURN_IF_ERROR(provide_scratch(sched, es, bufs));
+  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
+  // Held doorbells, as in run(); owed ones are paid at every phase's end.
+  if (fast_wait_) transport_->hold_doorbells();
+  struct Release {  // on every way out
+    Transport* t;
+    ~Release() { t->release_doorbells(); }
+  } release{transport_};
+  for (size_t i = 0; i < sched.phases.size(); ++i) {
+    const Phase& ph = sched.phases[i];
+    bool overlapped = false;
+    for (const Step& s : ph.steps) {
+      if (is_comm_step(s.kind)) continue;
+      if (s.overlap) overlapped = true;  // after the transfers, as in drive()
+      else run_local(s, bufs, dt, op);
+    }
+    // Each transfer whole, in one try: a send written with its header, a
+    // receive found whole. Bit k: the phase's k-th transfer is done.
+    uint64_t done = 0, mask = 0;
+    size_t k = 0;
+    for (const Step& s : ph.steps) {
+      if (!is_comm_step(s.kind) || s.count == 0) continue;
+      const uint64_t bit = uint64_t{1} << k++;
+      mask |= bit;
+      Connection* c = transport_->connection(s.peer);
+      if (!c) return internal_error(fmt::format("{}: rank {} has no connection to rank {}", what, rank_, s.peer));
+      const size_t bytes = s.count * es;
+      if (s.kind == StepKind::kSend) {
+        c->set_send_reduced(s.peer_reduces || sched.reduced_class);
+        c->set_send_mappable(!s.unmapped);
+        c->set_send_announced(s.announced);
+        const size_t sent = c->send_gather(fp_->header(), diag::kFingerprintBytes, ptr(s.src), bytes);
+        if (sent != Connection::kNoGather && sent != 0) done |= bit;
+        continue;
+      }
+      c->set_recv_reduced(s.kind == StepKind::kRecvReduce || sched.reduced_class);
+      c->set_recv_announced(s.announced);
+      auto span = c->recv_peek(diag::kFingerprintBytes + bytes);
+      if (span.size() != diag::kFingerprintBytes + bytes) continue;
+      const std::byte* local = s.kind == StepKind::kRecvReduce ? ptr(s.src) : nullptr;
+      if (Status st = land_whole(s, c, span, ptr(s.dst), local, dt, op, what); !st.is_ok()) {
+        transport_->announce_abort(st.to_string());  // as run() does on a failed phase
+        return st;
+      }
+      done |= bit;
+    }
+    if (overlapped) {
+      transport_->ring_owed();  // a peer asleep on those messages should not wait for the copies
+      for (const Step& s : ph.steps)
+        if (s.kind == StepKind::kCopy && s.overlap) run_local(s, bufs, dt, op);
+    }
+    if (done == mask) {
+      transport_->ring_owed();  // as run_phase at a phase's end
+      continue;
+    }
+    // A peer is late (or a message did not fit whole): the general loop
+    // takes this phase's unfinished transfers, then run_phase the rest.
+    ++short_counts_.handed_over;
+    progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
+    progress_.nslots.store(0, std::memory_order_relaxed);
+    reduced_class_ = sched.reduced_class;
+    Status st = finish_short_phase(sched, i, done, bufs, dt, op, deadline, what);
+    for (size_t j = i + 1; st.is_ok() && j < sched.phases.size(); ++j) {
+      progress_.phase.store(static_cast<int>(j), std::memory_order_relaxed);
+      st = run_phase(sched.phases[j], bufs, dt, op, deadline, what, j, sched.phases.size());
+    }
+    if (!st.is_ok()) {
+      transport_->announce_abort(st.to_string());  // see run()
+      return st;
+    }
+    progress_.phase.store(-1, std::memory_order_relaxed);
+    return Status::ok();
+  }
+  ++short_counts_.answered;
+  return Status::ok();
+}
+
+Status Executor::finish_short_phase(const RankSchedule& sched, size_t i, uint64_t done, std::vector<std::byte*>& bufs,
+                                    DataType dt, RedOp op, Deadline deadline, const std::string& what) {
+  const size_t es = dtype_size(dt);
+  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
+  struct Ring {  // as run_phase's
+    Transport* t;
+    ~Ring() { t->ring_owed(); }
+  } ring{transport_};
+  progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
+  active_.clear();
+  overlapped_.clear();
+  size_t k = 0;
+  for (const Step& s : sched.phases[i].steps) {
+    if (!is_comm_step(s.kind) || s.count == 0) continue;
+    Active a{&s, transport_->connection(s.peer), nullptr, nullptr, s.count * es, 0};
+    if (s.kind == StepKind::kSend) a.src = ptr(s.src);
+    else a.dst = ptr(s.dst);
+    if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
+    if (done & (uint64_t{1} << k++)) a.done = a.total;  // its header went (came) with it
+    else arm_fingerprint(a);  // every transfer here is a first contact (short_path)
+    active_.push_back(a);
+  }
+  return drive(bufs, dt, op, deadline, what, i, sched.phases.size());
 }
 
 Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,

@@ -81,6 +81,12 @@ class Executor {
     uint64_t answered = 0, handed_over = 0, general = 0;
   };
   const ExchangeCounts& exchange_counts() const { return exchange_counts_; }
+  // Test counters of this executor: ops run() took on its short path
+  // (run_short) and finished there, and ones it handed to the general loop.
+  struct ShortCounts {
+    uint64_t answered = 0, handed_over = 0;
+  };
+  const ShortCounts& short_counts() const { return short_counts_; }
   // Tests: the copies into scratch chosen by scratch_stores_, and how many of
   // their pieces streamed.
   struct ScratchCopies {
@@ -125,6 +131,20 @@ class Executor {
   Status drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline, const std::string& what,
                size_t phase_index, size_t nphases);
   void run_overlapped(std::vector<std::byte*>& bufs, size_t es);
+  // A local step (copy, reduce, divide) as run_phase runs it.
+  void run_local(const Step& s, std::vector<std::byte*>& bufs, DataType dt, RedOp op);
+  // run() for ops whose transfers are all small first contacts
+  // (RankSchedule::short_path, at most kExchangeMaxBytes each, fingerprints
+  // on): phase by phase, each send written whole with its header in one
+  // try (Connection::send_gather) and each receive taken whole if it is
+  // there, without run_phase's and drive()'s set-up per phase. The first
+  // phase with a transfer left (a late peer, a full channel) goes to drive()
+  // with the finished ones marked done (finish_short_phase), and the rest
+  // as run() runs them.
+  Status run_short(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
+                   const std::string& what);
+  Status finish_short_phase(const RankSchedule& sched, size_t i, uint64_t done, std::vector<std::byte*>& bufs,
+                            DataType dt, RedOp op, Deadline deadline, const std::string& what);
   // Polls of run_exchange before it hands over to drive(): ranks with a core
   // each (fast_wait_) poll a while, oversubscribed ones look once.
   static constexpr int kExchangePolls = 256;
@@ -167,6 +187,7 @@ class Executor {
   static constexpr int kFastWaitLooks = 64;   // looks at the watch words per such poll
 
   ExchangeCounts exchange_counts_;
+  ShortCounts short_counts_;
   // Copies into scratch that peers read through a mapping: a staged block
   // (direct broadcast / all_gather with ranks sharing cores) was last read by
   // ranks that may sit on another die, where cached stores wait for each

@@ -826,6 +826,94 @@ TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
       << "neither rank saw the mismatch: " << st[0].to_string() << " / " << st[1].to_string();
 }
 
+// Ops whose every transfer is its peer's only one (RankSchedule::short_path:
+// binomial broadcast and reduce, the direct allreduce) run on
+// Executor::run_short up to 2 KiB per message: each send written whole, each
+// receive taken whole if it is there, the rest handed to the general loop
+// (rank 3 comes 2 ms late every 10th op). Results right, in and out of
+// place, slot and FIFO messages, every root; every op counted on every
+// rank; larger messages go the general way.
+TEST(ShmPaths, OneMessagePerPeerOpsTakeTheShortPath) {
+  auto comms = init_with_env(4, {{"LOOM_TIMEOUT", "30"},
+                                 {"LOOM_ALGO", "broadcast:binomial;reduce:binomial;allreduce:direct"}});
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  constexpr int kRanks = 4;
+  const size_t counts[] = {2, 75, 512};  // int32: 8 B (slot), 300 B and 2 KiB (FIFO)
+  constexpr int kOps = 24;                // per size, placement and collective
+  std::vector<std::string> err(kRanks);
+  auto check = [](int32_t got, int32_t want, const char* what, size_t count, int in_place, int i, size_t k) {
+    if (got == want) return Status::ok();
+    return Status(StatusCode::kInternal, fmt::format("{} count {} in place {} op {} element {}: {} (want {})", what,
+                                                     count, in_place, i, k, got, want));
+  };
+  auto run = [&](int r, size_t count) {
+    Comm& c = *(*comms)[r];
+    for (int in_place = 0; in_place < 2 && err[r].empty(); ++in_place)
+      for (int i = 0; i < kOps && err[r].empty(); ++i) {
+          if (r == 3 && i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          const int root = i % kRanks;
+          std::vector<int32_t> send(count), recv(count, -1);
+          for (size_t k = 0; k < count; ++k) send[k] = static_cast<int32_t>((r + 1) * 1000 + i + k);
+          int32_t* out = in_place ? send.data() : recv.data();
+          Status st;
+          // broadcast: root's values everywhere
+          auto w = c.broadcast(send.data(), out, count, DataType::kInt32, root);
+          st = w.is_ok() ? w->wait() : w.status();
+          for (size_t k = 0; st.is_ok() && k < count; ++k)
+            st = check(out[k], static_cast<int32_t>((root + 1) * 1000 + i + k), "broadcast", count, in_place, i, k);
+          // reduce: the sum at the root
+          for (size_t k = 0; st.is_ok() && k < count; ++k) send[k] = static_cast<int32_t>((r + 1) * 1000 + i + k);
+          if (st.is_ok()) {
+            w = c.reduce(send.data(), out, count, DataType::kInt32, RedOp::kSum, root);
+            st = w.is_ok() ? w->wait() : w.status();
+          }
+          for (size_t k = 0; st.is_ok() && r == root && k < count; ++k)
+            st = check(out[k], static_cast<int32_t>(10000 + 4 * (i + k)), "reduce", count, in_place, i, k);
+          // allreduce: the sum everywhere
+          for (size_t k = 0; st.is_ok() && k < count; ++k) send[k] = static_cast<int32_t>((r + 1) * 1000 + i + k);
+          if (st.is_ok()) {
+            w = c.allreduce(send.data(), out, count, DataType::kInt32, RedOp::kSum);
+            st = w.is_ok() ? w->wait() : w.status();
+          }
+          for (size_t k = 0; st.is_ok() && k < count; ++k)
+            st = check(out[k], static_cast<int32_t>(10000 + 4 * (i + k)), "allreduce", count, in_place, i, k);
+          if (!st.is_ok()) {
+            err[r] = st.to_string();
+            c.abort("test failure");
+          }
+        }
+  };
+  auto run_all_ranks = [&](size_t count) {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < kRanks; ++r) ts.emplace_back(run, r, count);
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < kRanks; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  };
+  for (size_t count : counts) run_all_ranks(count);
+  const uint64_t ops = 3 * 2 * kOps * 3;  // sizes x placements x ops x collectives
+  uint64_t answered = 0, handed_over = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const auto& n = (*comms)[r]->impl()->executor_for_test().short_counts();
+    SCOPED_TRACE(fmt::format("rank {}: answered {}, handed over {}", r, n.answered, n.handed_over));
+    EXPECT_EQ(n.answered + n.handed_over, ops) << "an op not run on the short path";
+    answered += n.answered;
+    handed_over += n.handed_over;
+  }
+  // A broken short path finishes none itself (a root's sends alone always can).
+  EXPECT_GE(answered, ops / 4);
+  // Ranks wait 2 ms for each late op of rank 3: far past one look.
+  EXPECT_GE(handed_over, static_cast<uint64_t>(kOps / 10));
+
+  // Beyond Executor::kExchangeMaxBytes: the general path (neither count moves).
+  std::vector<Executor::ShortCounts> before;
+  for (int r = 0; r < kRanks; ++r) before.push_back((*comms)[r]->impl()->executor_for_test().short_counts());
+  run_all_ranks(Executor::kExchangeMaxBytes / sizeof(int32_t) + 1);
+  for (int r = 0; r < kRanks; ++r) {
+    const auto& n = (*comms)[r]->impl()->executor_for_test().short_counts();
+    EXPECT_EQ(n.answered + n.handed_over, before[r].answered + before[r].handed_over) << "rank " << r;
+  }
+}
+
 // A 2 KiB exchange through a FIFO of 16 KiB: every ~8th message would wrap
 // it, so send_gather cannot write it whole and the op runs as run(), whose
 // message arrives in two pieces at a peer that may be in run_exchange's

@@ -809,6 +809,70 @@ TEST(Schedules, SingleExchangeMarksOnlyOneSendAndOneReceive) {
   EXPECT_FALSE(s->single_exchange);  // a fingerprint per message: not the collective header
 }
 
+// RankSchedule::short_path (Executor::run_short) marks the schedules whose
+// every transfer is its peer's only one in its direction (so each carries
+// the op's fingerprint), with at most kShortPathMaxTransfers per phase and
+// no single exchange (run_exchange's). Binomial and
+// direct broadcast and reduce on every rank, the direct allreduce; not a
+// ring (several messages to one neighbour), a chain cut into chunks, a
+// single exchange, an empty op or a send/recv group.
+TEST(Schedules, ShortPathMarksOneMessagePerPeerAndDirection) {
+  auto marked = [](Collective coll, const char* algo, int n, int rank, size_t count = 2, size_t chunk = 0) {
+    CollArgs a = rooted(coll, n, rank, 0, count);
+    a.dt = DataType::kInt32;
+    a.chunk_elems = chunk;
+    auto s = make_schedule(a, algo);
+    EXPECT_TRUE(s.is_ok()) << algo << ": " << s.status().to_string();
+    if (!s.is_ok()) return false;
+    if (s->short_path) {  // what run_short relies on
+      std::vector<int> to(n, 0), from(n, 0);
+      size_t largest = 0;
+      for (const Phase& ph : s->phases) {
+        size_t in_phase = 0;
+        for (const Step& st : ph.steps) {
+          if (!is_comm_step(st.kind) || st.count == 0) continue;
+          EXPECT_TRUE(st.first_contact) << describe(st);
+          ++(st.kind == StepKind::kSend ? to : from)[static_cast<size_t>(st.peer)];
+          largest = std::max(largest, st.count);
+          ++in_phase;
+        }
+        EXPECT_LE(in_phase, RankSchedule::kShortPathMaxTransfers);
+      }
+      for (int p = 0; p < n; ++p) {
+        EXPECT_LE(to[static_cast<size_t>(p)], 1) << algo << " rank " << rank << " to " << p;
+        EXPECT_LE(from[static_cast<size_t>(p)], 1) << algo << " rank " << rank << " from " << p;
+      }
+      EXPECT_EQ(s->max_transfer_count, largest) << algo;
+      EXPECT_FALSE(s->single_exchange);
+    }
+    return s->short_path;
+  };
+  for (int r = 0; r < 8; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(marked(Collective::kBroadcast, "binomial", 8, r));
+    EXPECT_TRUE(marked(Collective::kBroadcast, "direct", 8, r));
+    EXPECT_TRUE(marked(Collective::kReduce, "binomial", 8, r));
+    EXPECT_TRUE(marked(Collective::kAllReduce, "direct", 4, r % 4));
+    EXPECT_FALSE(marked(Collective::kAllReduce, "ring", 8, r));                 // two messages each way
+    EXPECT_FALSE(marked(Collective::kBroadcast, "binomial", 8, r, 0));         // nothing moves
+  }
+  EXPECT_FALSE(marked(Collective::kBroadcast, "chain", 4, 1, 8, 2));     // four chunks to the next rank
+  EXPECT_TRUE(marked(Collective::kBroadcast, "chain", 4, 1, 8, 8));      // one
+  EXPECT_FALSE(marked(Collective::kAllReduce, "hypercube", 2, 0));       // a single exchange: run_exchange
+  // A phase of more transfers than the short path tracks: the direct
+  // broadcast's root at 66 ranks sends 65 messages in one phase.
+  EXPECT_FALSE(marked(Collective::kBroadcast, "direct", 66, 0));
+  EXPECT_TRUE(marked(Collective::kBroadcast, "direct", 66, 5));
+  CollArgs p;
+  p.coll = Collective::kSendRecv;
+  p.nranks = 2;
+  p.rank = 0;
+  p.p2p = {{true, 1, 4}};
+  auto s = make_schedule(p);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(s->short_path);  // a fingerprint per message
+}
+
 TEST(Schedules, RejectsBadArguments) {
   CollArgs a;
   a.nranks = 4;
