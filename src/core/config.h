@@ -111,6 +111,7 @@ uint64_t socket_direct_bytes();  // LOOM_SOCKET_DIRECT_BYTES
 bool tune_calibrate();  // LOOM_TUNE_CALIBRATE
 bool tune_hand_off();   // LOOM_TUNE_HAND_OFF
 bool tune_probe_algos();  // LOOM_TUNE_PROBE_ALGOS
+bool short_path();  // LOOM_SHORT_PATH (Executor::run_short)
 }  // namespace params
 
 }  // namespace loom

@@ -33,6 +33,7 @@ Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* me
       hdr_out_(nranks),
       hdr_in_(nranks) {
   stream_bytes_ = params::copy_stream_bytes();
+  short_path_ = params::short_path();
   // Oversubscribed ranks yield instead (the peer may need this core).
   fast_wait_ = !params::oversubscribed(nranks);
 }
@@ -61,7 +62,7 @@ Status Executor::ensure_scratch(size_t bytes) {
 Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op,
                      Deadline deadline, const std::string& what) {
   const size_t es = dtype_size(dt);
-  if (sched.short_path && fp_ && !fp_->per_peer() && sched.max_transfer_count * es <= kExchangeMaxBytes)
+  if (short_path_ && sched.short_path && fp_ && !fp_->per_peer() && sched.max_transfer_count * es <= kExchangeMaxBytes)
     return run_short(sched, bufs, dt, op, deadline, what);
   LOOM_RETURN_IF_ERROR(provide_scratch(sched, es, bufs));
   // diag: which messages carry the op's fingerprint is marked in the

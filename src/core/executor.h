@@ -188,6 +188,7 @@ class Executor {
 
   ExchangeCounts exchange_counts_;
   ShortCounts short_counts_;
+  bool short_path_ = true;  // LOOM_SHORT_PATH
   // Copies into scratch that peers read through a mapping: a staged block
   // (direct broadcast / all_gather with ranks sharing cores) was last read by
   // ranks that may sit on another die, where cached stores wait for each

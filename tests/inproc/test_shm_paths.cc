@@ -912,6 +912,27 @@ TEST(ShmPaths, OneMessagePerPeerOpsTakeTheShortPath) {
     const auto& n = (*comms)[r]->impl()->executor_for_test().short_counts();
     EXPECT_EQ(n.answered + n.handed_over, before[r].answered + before[r].handed_over) << "rank " << r;
   }
+
+  // LOOM_SHORT_PATH=0: the general loop for every op.
+  auto off = init_with_env(2, {{"LOOM_TIMEOUT", "30"}, {"LOOM_SHORT_PATH", "0"}});
+  ASSERT_TRUE(off.is_ok()) << off.status().to_string();
+  std::vector<std::thread> ts;
+  std::vector<Status> st(2);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<int32_t> buf(2, r == 0 ? 7 : 0);
+      for (int i = 0; i < 10 && st[r].is_ok(); ++i) {
+        auto w = (*off)[r]->broadcast(buf.data(), buf.data(), 2, DataType::kInt32, 0);
+        st[r] = w.is_ok() ? w->wait() : w.status();
+        if (st[r].is_ok() && buf[1] != 7) st[r] = Status(StatusCode::kInternal, fmt::format("op {}: {}", i, buf[1]));
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(st[r].is_ok()) << "rank " << r << ": " << st[r].to_string();
+    const auto& n = (*off)[r]->impl()->executor_for_test().short_counts();
+    EXPECT_EQ(n.answered + n.handed_over, 0u) << "rank " << r;
+  }
 }
 
 // A 2 KiB exchange through a FIFO of 16 KiB: every ~8th message would wrap

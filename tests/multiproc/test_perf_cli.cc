@@ -406,6 +406,20 @@ TEST_F(PerfCli, OneRankWithoutTheAlgorithmProbeStopsItEverywhere) {
   EXPECT_NE(on.out.find("(model + probe"), std::string::npos) << on.out;
 }
 
+// LOOM_SHORT_PATH is a rank's own choice: the short path (Executor::run_short)
+// writes the same bytes as the general loop. 4 ranks, ranks 1 and 2 without
+// it, the others with it: small broadcasts and reduces (binomial, every
+// root, in and out of place) verify.
+TEST_F(PerfCli, RanksWithAndWithoutTheShortPathAgree) {
+  for (const char* coll : {"broadcast", "reduce"}) {
+    Outcome r = run("env LOOM_TIMEOUT=30 LOOM_ALGO=" + std::string(coll) + ":binomial " + bin_dir() +
+                    "/loomrun -n 4 -- sh -c 'case $LOOM_RANK in 1|2) export LOOM_SHORT_PATH=0;; esac; exec " +
+                    bin_dir() + "/" + coll + "_perf -b 8 -e 2K -f 4 -n 20 -w 2 -r all -c 1' 2>&1");
+    EXPECT_EQ(r.rc, 0) << coll << ": " << r.out;
+    EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << coll << ": " << r.out;
+  }
+}
+
 // Ranks whose topologies differ (here: rank 1 reads azure-ndv4.xml, rank 0
 // discovers this host) model the job alike: every rank's tuner uses rank 0's
 // graph. Regression: they chose 8 MiB and 256 KiB chunks for one 16 MiB ring
