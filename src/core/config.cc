@@ -97,7 +97,7 @@ std::vector<ParamInfo>& registry() {
        "Operations whose every message is its peer's only one in its direction (binomial and direct broadcast "
        "and reduce, the direct allreduce) and at most 2 KiB run on the executor's short path: each send "
        "written whole with its fingerprint header in one try, each receive taken whole if it has arrived, the "
-       "rest handed to the general loop (8 ranks on 2 cores: broadcast 8 B 0.76 -> 0.63 us). Needs "
+       "rest handed to the general loop (8 ranks on 2 cores: broadcast 8 B 0.71-0.77 -> 0.63-0.65 us). Needs "
        "LOOM_FINGERPRINT. Per rank: both paths send the same bytes. 0: the general loop for every operation."},
       {"LOOM_ENGINE_SPIN_US", "int", "0",
        "Microseconds an idle progress engine polls for the next operation (yielding) before it sleeps; 0 = sleep at "

@@ -395,6 +395,7 @@ Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& b
     Transport* t;
     ~Release() { t->release_doorbells(); }
   } release{transport_};
+  bool handed_over = false;
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     const Phase& ph = sched.phases[i];
     bool overlapped = false;
@@ -440,27 +441,27 @@ Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& b
     }
     if (done == mask) {
       transport_->ring_owed();  // as run_phase at a phase's end
+      short_counts_.resumed += handed_over;
       continue;
     }
     // A peer is late (or a message did not fit whole): the general loop
-    // takes this phase's unfinished transfers, then run_phase the rest.
-    ++short_counts_.handed_over;
-    progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
-    progress_.nslots.store(0, std::memory_order_relaxed);
-    reduced_class_ = sched.reduced_class;
-    Status st = finish_short_phase(sched, i, done, bufs, dt, op, deadline, what);
-    for (size_t j = i + 1; st.is_ok() && j < sched.phases.size(); ++j) {
-      progress_.phase.store(static_cast<int>(j), std::memory_order_relaxed);
-      st = run_phase(sched.phases[j], bufs, dt, op, deadline, what, j, sched.phases.size());
+    // takes this phase's unfinished transfers; the next phase tries the
+    // short way again (a binomial tree's inner rank waits for its parent,
+    // then writes to its children at once).
+    if (!handed_over) {
+      handed_over = true;
+      ++short_counts_.handed_over;
+      progress_.nphases.store(static_cast<int>(sched.phases.size()), std::memory_order_relaxed);
+      progress_.nslots.store(0, std::memory_order_relaxed);
+      reduced_class_ = sched.reduced_class;
     }
-    if (!st.is_ok()) {
+    if (Status st = finish_short_phase(sched, i, done, bufs, dt, op, deadline, what); !st.is_ok()) {
       transport_->announce_abort(st.to_string());  // see run()
       return st;
     }
-    progress_.phase.store(-1, std::memory_order_relaxed);
-    return Status::ok();
   }
-  ++short_counts_.answered;
+  if (handed_over) progress_.phase.store(-1, std::memory_order_relaxed);
+  else ++short_counts_.answered;
   return Status::ok();
 }
 

@@ -82,9 +82,12 @@ class Executor {
   };
   const ExchangeCounts& exchange_counts() const { return exchange_counts_; }
   // Test counters of this executor: ops run() took on its short path
-  // (run_short) and finished there, and ones it handed to the general loop.
+  // (run_short) and finished there, and ones that handed at least one phase
+  // to the general loop.
+  // resumed: phases finished whole on the short path after an earlier
+  // phase of their op was handed over.
   struct ShortCounts {
-    uint64_t answered = 0, handed_over = 0;
+    uint64_t answered = 0, handed_over = 0, resumed = 0;
   };
   const ShortCounts& short_counts() const { return short_counts_; }
   // Tests: the copies into scratch chosen by scratch_stores_, and how many of
@@ -137,10 +140,10 @@ class Executor {
   // (RankSchedule::short_path, at most kExchangeMaxBytes each, fingerprints
   // on): phase by phase, each send written whole with its header in one
   // try (Connection::send_gather) and each receive taken whole if it is
-  // there, without run_phase's and drive()'s set-up per phase. The first
-  // phase with a transfer left (a late peer, a full channel) goes to drive()
-  // with the finished ones marked done (finish_short_phase), and the rest
-  // as run() runs them.
+  // there, without run_phase's and drive()'s set-up per phase. A phase with
+  // a transfer left (a late peer, a full channel) goes to drive() with the
+  // finished ones marked done (finish_short_phase); the next phase starts
+  // the short way again.
   Status run_short(const RankSchedule& sched, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
                    const std::string& what);
   Status finish_short_phase(const RankSchedule& sched, size_t i, uint64_t done, std::vector<std::byte*>& bufs,

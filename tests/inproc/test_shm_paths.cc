@@ -829,8 +829,9 @@ TEST(ShmPaths, OneExchangeOpsTakeTheShortPath) {
 // Ops whose every transfer is its peer's only one (RankSchedule::short_path:
 // binomial broadcast and reduce, the direct allreduce) run on
 // Executor::run_short up to 2 KiB per message: each send written whole, each
-// receive taken whole if it is there, the rest handed to the general loop
-// (rank 3 comes 2 ms late every 10th op). Results right, in and out of
+// receive taken whole if it is there, a phase with transfers left handed
+// to the general loop and the next one tried the short way again (rank 3
+// comes 2 ms late every 10th op). Results right, in and out of
 // place, slot and FIFO messages, every root; every op counted on every
 // rank; larger messages go the general way.
 TEST(ShmPaths, OneMessagePerPeerOpsTakeTheShortPath) {
@@ -891,14 +892,19 @@ TEST(ShmPaths, OneMessagePerPeerOpsTakeTheShortPath) {
   };
   for (size_t count : counts) run_all_ranks(count);
   const uint64_t ops = 3 * 2 * kOps * 3;  // sizes x placements x ops x collectives
-  uint64_t answered = 0, handed_over = 0;
+  uint64_t answered = 0, handed_over = 0, resumed = 0;
   for (int r = 0; r < kRanks; ++r) {
     const auto& n = (*comms)[r]->impl()->executor_for_test().short_counts();
-    SCOPED_TRACE(fmt::format("rank {}: answered {}, handed over {}", r, n.answered, n.handed_over));
+    SCOPED_TRACE(fmt::format("rank {}: answered {}, handed over {}, resumed {}", r, n.answered, n.handed_over,
+                             n.resumed));
     EXPECT_EQ(n.answered + n.handed_over, ops) << "an op not run on the short path";
     answered += n.answered;
     handed_over += n.handed_over;
+    resumed += n.resumed;
   }
+  // An inner rank of the trees that waited for its parent (or child) writes
+  // its next phase's messages the short way again.
+  EXPECT_GE(resumed, 1u);
   // A broken short path finishes none itself (a root's sends alone always can).
   EXPECT_GE(answered, ops / 4);
   // Ranks wait 2 ms for each late op of rank 3: far past one look.
