@@ -413,7 +413,11 @@ Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& b
       const uint64_t bit = uint64_t{1} << k++;
       mask |= bit;
       Connection* c = transport_->connection(s.peer);
-      if (!c) return internal_error(fmt::format("{}: rank {} has no connection to rank {}", what, rank_, s.peer));
+      if (!c) {
+        Status st = internal_error(fmt::format("{}: rank {} has no connection to rank {}", what, rank_, s.peer));
+        transport_->announce_abort(st.to_string());  // as run() does on a failed phase
+        return st;
+      }
       const size_t bytes = s.count * es;
       if (s.kind == StepKind::kSend) {
         c->set_send_reduced(s.peer_reduces || sched.reduced_class);
