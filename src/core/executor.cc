@@ -12,6 +12,21 @@
 
 namespace loom {
 
+namespace {
+// Held doorbells (Transport::hold_doorbells) are released on every way out
+// of an op.
+struct ReleaseDoorbells {
+  Transport* t;
+  ~ReleaseDoorbells() { t->release_doorbells(); }
+};
+// The doorbells a phase's writes owe, paid at its end (before the next
+// phase's local steps), on every way out.
+struct RingOwed {
+  Transport* t;
+  ~RingOwed() { t->ring_owed(); }
+};
+}  // namespace
+
 Executor::Executor(int rank, int nranks, Transport* transport, MemoryBackend* mem, const std::atomic<bool>* abort)
     : rank_(rank),
       nranks_(nranks),
@@ -79,10 +94,7 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
   // Not when oversubscribed: there the peers sleep early, and a wake-up a
   // poll late costs more than the fence.
   if (fast_wait_) transport_->hold_doorbells();
-  struct Release {  // on every way out
-    Transport* t;
-    ~Release() { t->release_doorbells(); }
-  } release{transport_};
+  ReleaseDoorbells release{transport_};
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
     Status st = run_phase(sched.phases[i], bufs, dt, op, deadline, what, i, sched.phases.size());
@@ -106,11 +118,7 @@ Status Executor::run(const RankSchedule& sched, std::vector<std::byte*>& bufs, D
 Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline,
                            const std::string& what, size_t phase_index, size_t nphases) {
   const size_t es = dtype_size(dt);
-  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
-  struct Ring {  // the doorbells this phase's writes owe, before the next phase's local steps
-    Transport* t;
-    ~Ring() { t->ring_owed(); }
-  } ring{transport_};
+  RingOwed ring{transport_};
   active_.clear();
   overlapped_.clear();
   for (const Step& s : ph.steps) {
@@ -126,10 +134,7 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
         Connection* c = transport_->connection(s.peer);
         if (!c)
           return internal_error(fmt::format("{}: rank {} has no connection to rank {}", what, rank_, s.peer));
-        Active a{&s, c, nullptr, nullptr, s.count * es, 0};
-        if (s.kind == StepKind::kSend) a.src = ptr(s.src);
-        else a.dst = ptr(s.dst);
-        if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
+        Active a = make_active(s, c, bufs, es);
         if (s.first_contact && fp_) arm_fingerprint(a);  // diag
         active_.push_back(a);
       }
@@ -146,6 +151,15 @@ Status Executor::run_phase(const Phase& ph, std::vector<std::byte*>& bufs, DataT
     return Status::ok();
   }
   return drive(bufs, dt, op, deadline, what, phase_index, nphases);
+}
+
+Executor::Active Executor::make_active(const Step& s, Connection* c, std::vector<std::byte*>& bufs, size_t es) {
+  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
+  Active a{&s, c, nullptr, nullptr, s.count * es, 0};
+  if (s.kind == StepKind::kSend) a.src = ptr(s.src);
+  else a.dst = ptr(s.dst);
+  if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
+  return a;
 }
 
 void Executor::run_local(const Step& s, std::vector<std::byte*>& bufs, DataType dt, RedOp op) {
@@ -391,10 +405,7 @@ Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& b
   auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
   // Held doorbells, as in run(); owed ones are paid at every phase's end.
   if (fast_wait_) transport_->hold_doorbells();
-  struct Release {  // on every way out
-    Transport* t;
-    ~Release() { t->release_doorbells(); }
-  } release{transport_};
+  ReleaseDoorbells release{transport_};
   bool handed_over = false;
   for (size_t i = 0; i < sched.phases.size(); ++i) {
     const Phase& ph = sched.phases[i];
@@ -472,21 +483,14 @@ Status Executor::run_short(const RankSchedule& sched, std::vector<std::byte*>& b
 Status Executor::finish_short_phase(const RankSchedule& sched, size_t i, uint64_t done, std::vector<std::byte*>& bufs,
                                     DataType dt, RedOp op, Deadline deadline, const std::string& what) {
   const size_t es = dtype_size(dt);
-  auto ptr = [&](BufRef b) { return bufs[b.buf] + b.offset * es; };
-  struct Ring {  // as run_phase's
-    Transport* t;
-    ~Ring() { t->ring_owed(); }
-  } ring{transport_};
+  RingOwed ring{transport_};
   progress_.phase.store(static_cast<int>(i), std::memory_order_relaxed);
   active_.clear();
   overlapped_.clear();
   size_t k = 0;
   for (const Step& s : sched.phases[i].steps) {
     if (!is_comm_step(s.kind) || s.count == 0) continue;
-    Active a{&s, transport_->connection(s.peer), nullptr, nullptr, s.count * es, 0};
-    if (s.kind == StepKind::kSend) a.src = ptr(s.src);
-    else a.dst = ptr(s.dst);
-    if (s.kind == StepKind::kRecvReduce) a.src = ptr(s.src);
+    Active a = make_active(s, transport_->connection(s.peer), bufs, es);
     if (done & (uint64_t{1} << k++)) a.done = a.total;  // its header went (came) with it
     else arm_fingerprint(a);  // every transfer here is a first contact (short_path)
     active_.push_back(a);
@@ -527,10 +531,7 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
   // The send's doorbell is owed, as in run(): a fence right after the write
   // would wait for its lines to leave this core (4 KiB: +0.1 us per op).
   if (fast_wait_) transport_->hold_doorbells();
-  struct Release {  // on every way out
-    Transport* t;
-    ~Release() { t->release_doorbells(); }
-  } release{transport_};
+  ReleaseDoorbells release{transport_};
   c->set_send_reduced(snd.peer_reduces || sched.reduced_class);
   c->set_send_mappable(!snd.unmapped);
   c->set_send_announced(snd.announced);

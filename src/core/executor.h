@@ -134,6 +134,8 @@ class Executor {
   Status drive(std::vector<std::byte*>& bufs, DataType dt, RedOp op, Deadline deadline, const std::string& what,
                size_t phase_index, size_t nphases);
   void run_overlapped(std::vector<std::byte*>& bufs, size_t es);
+  // A transfer step's progress record, its buffers resolved.
+  Active make_active(const Step& s, Connection* c, std::vector<std::byte*>& bufs, size_t es);
   // A local step (copy, reduce, divide) as run_phase runs it.
   void run_local(const Step& s, std::vector<std::byte*>& bufs, DataType dt, RedOp op);
   // run() for ops whose transfers are all small first contacts
