@@ -126,10 +126,9 @@ struct RankSchedule {
   // Every transfer is the only one to (or from) its peer in its direction,
   // so each carries the op's fingerprint, no phase holds more than
   // kShortPathMaxTransfers of them, and the op is not a single exchange:
-  // the executor may run it on its
-  // short path when its messages are small (Executor::run_short). Set by
-  // mark_first_contacts, with max_transfer_count (elements of its largest
-  // transfer).
+  // the executor may run it on its short path when its messages are small
+  // (Executor::run_short). Set by mark_first_contacts, with
+  // max_transfer_count (elements of its largest transfer).
   bool short_path = false;
   size_t max_transfer_count = 0;
   static constexpr size_t kShortPathMaxTransfers = 64;

@@ -82,10 +82,9 @@ class Executor {
   };
   const ExchangeCounts& exchange_counts() const { return exchange_counts_; }
   // Test counters of this executor: ops run() took on its short path
-  // (run_short) and finished there, and ones that handed at least one phase
-  // to the general loop.
-  // resumed: phases finished whole on the short path after an earlier
-  // phase of their op was handed over.
+  // (run_short) and finished there, ones that handed at least one phase to
+  // the general loop, and phases finished whole on the short path after an
+  // earlier phase of their op was handed over (resumed).
   struct ShortCounts {
     uint64_t answered = 0, handed_over = 0, resumed = 0;
   };
