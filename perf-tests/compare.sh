@@ -49,7 +49,10 @@
 # --thp, mpi_bench -H): a single-copy read then pins one page per 2 MiB
 # instead of 512. Gloo's benchmark has no such mode and is left out then.
 # The summary's header records the core-to-core round trip (mem_bench
-# --latency) at the start and the end of the run: the host's phase.
+# --latency) at the start and the end of the run: the host's phase. Every
+# library's run is bracketed by one more reading each side (raw.csv's
+# rt_before_ns, rt_after_ns); when the run saw both phases, the tables star a
+# ratio whose two rows came from different phases and add each phase's own.
 # The summary alone can be recomputed from a raw.csv: --summarize DIR.
 set -uo pipefail
 
@@ -84,7 +87,7 @@ while [ $# -gt 0 ]; do
     --mem-alloc) MEM_ALLOC=1 ;;
     --thp) THP=1 ;;
     --bind) BIND="$2"; shift ;;
-    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -150,8 +153,13 @@ fi
 # on a shared host it moves with the host's load (here 8 B latencies ~2x with it),
 # so a run says which phase it measured in.
 round_trip() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf "%s ns min, %s ns median of 9 batches (CPUs %s)", $2, $3, $1 }'; }
+# The lowest round trip alone (ns), taken before and after every library's
+# run and kept with its rows (raw.csv rt_before_ns, rt_after_ns): the host
+# can change phase within a run, and a ratio of two rows measured in
+# different phases says more about the host than about the libraries.
+rt_ns() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf "%s", $2 }'; }
 echo "# core-to-core round trip at the start: $(round_trip)" | tee -a "$OUT/summary.md"
-echo "impl,coll,nranks,size,time_us,busbw,wrong" > "$RAW"
+echo "impl,coll,nranks,size,time_us,busbw,wrong,rt_before_ns,rt_after_ns" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
   LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np)
 else
@@ -165,15 +173,17 @@ fi
 run() {
   local label="$1"; shift
   echo "## $label: $*" >> "$LOG"
+  RT_BEFORE=$(rt_ns)
   timeout --kill-after=10 "$TIMEOUT" "$@" > "$OUT/last.out" 2>> "$LOG"
   local rc=$?
+  RT_AFTER=$(rt_ns)
   cat "$OUT/last.out" >> "$LOG"
   if [ $rc -ne 0 ]; then echo "compare.sh: $label failed (exit $rc), see $LOG" >&2; fi
   return $rc
 }
 
 # Peer benchmarks print impl,coll,nranks,size,count,time_us,algbw,busbw,wrong.
-take_peer() { awk -F, 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9}' "$OUT/last.out" >> "$RAW"; }
+take_peer() { awk -F, -v rt="$RT_BEFORE,$RT_AFTER" 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9","rt}' "$OUT/last.out" >> "$RAW"; }
 # Loom's --csv: collective,nranks,size,count,...,oop_time_us(8),oop_algbw,oop_busbw(10),oop_wrong(11),
 # ip_time_us(12),ip_algbw,ip_busbw(14),ip_wrong(15). The peers' calls decide which column is the same
 # operation: MPI_Allreduce/Reduce_scatter/Allgather get separate send and receive buffers (out of
@@ -181,9 +191,9 @@ take_peer() { awk -F, 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9}' "
 take_loom() {
   # Rows of no elements (a block under 16 B, as nccl-tests cuts it) are
   # skipped, as the peers' benchmarks skip them.
-  awk -F, -v coll="$1" -v impl="${2:-loom}" 'NR>1 && NF>=15 && $4 > 0 {
-    if (coll == "broadcast") print impl","$1","$2","$3","$12","$14","($15==""?0:$15)
-    else print impl","$1","$2","$3","$8","$10","($11==""?0:$11)}' "$OUT/last.out" >> "$RAW"; }
+  awk -F, -v coll="$1" -v impl="${2:-loom}" -v rt="$RT_BEFORE,$RT_AFTER" 'NR>1 && NF>=15 && $4 > 0 {
+    if (coll == "broadcast") print impl","$1","$2","$3","$12","$14","($15==""?0:$15)","rt
+    else print impl","$1","$2","$3","$8","$10","($11==""?0:$11)","rt}' "$OUT/last.out" >> "$RAW"; }
 
 for ((round = 1; round <= ROUNDS; round++)); do
 for n in $RANKS; do
@@ -262,19 +272,42 @@ raw, memf, out = sys.argv[1:4]
 # The cores this run could use (nproc: the affinity mask, as the footprints
 # above were computed), not the machine's (os.cpu_count) under taskset.
 cores = int(sys.argv[4])
-data = collections.defaultdict(dict)   # (coll, n, size) -> impl -> (time_us, busbw, wrong)
+data = collections.defaultdict(dict)   # (coll, n, size) -> impl -> (time_us, busbw, wrong, phase)
+by_phase = collections.defaultdict(dict)  # (coll, n, size, phase) -> impl -> the same, that phase's best
 wrong_any = set()                       # (coll, n, size, impl) wrong in some round
-for r in csv.DictReader(open(raw)):
+rows = list(csv.DictReader(open(raw)))
+def rts(r):
+    """The round trips (ns) measured before and after the row's run; none in
+    a raw.csv from before those columns."""
+    out = []
+    for k in ("rt_before_ns", "rt_after_ns"):
+        try: out.append(float(r.get(k) or ""))
+        except ValueError: pass
+    return [v for v in out if v > 0]
+# The host's phases (performance.md, Run 43): the core-to-core round trip
+# moves ~5x between them. Two phases are told apart only when this run saw
+# both (its highest reading at least twice its lowest), split at the
+# geometric mean of the two.
+all_rt = [v for r in rows for v in rts(r)]
+rt_split = (min(all_rt) * max(all_rt)) ** 0.5 if all_rt and max(all_rt) >= 2 * min(all_rt) else None
+def phase_of(r):
+    if rt_split is None: return None
+    kinds = {"fast" if v < rt_split else "slow" for v in rts(r)}
+    return kinds.pop() if len(kinds) == 1 else "mixed"  # none, or the phase changed during the run
+def better(new, prev):
+    # The best round (--rounds) and, for Gloo, the best algorithm per size,
+    # preferring ones that verified; by time (busbw is rounded at small sizes).
+    return prev is None or (not new[2], -new[0]) > (not prev[2], -prev[0])
+for r in rows:
     impl = "gloo" if r["impl"].startswith("gloo") else r["impl"]
     key = (r["coll"], int(r["nranks"]), int(r["size"]))
     t, bw, wrong = float(r["time_us"]), float(r["busbw"]), float(r["wrong"] or 0)
     if key[2] == 0: continue  # nothing moved (e.g. 8 B split over 4 ranks)
     if wrong: wrong_any.add(key + (impl,))
-    prev = data[key].get(impl)
-    # The best round (--rounds) and, for Gloo, the best algorithm per size,
-    # preferring ones that verified; by time (busbw is rounded at small sizes).
-    if prev is None or (not wrong, -t) > (not prev[2], -prev[0]):
-        data[key][impl] = (t, bw, wrong)
+    row = (t, bw, wrong, phase_of(r))
+    if better(row, data[key].get(impl)): data[key][impl] = row
+    if row[3] in ("fast", "slow") and better(row, by_phase[key + (row[3],)].get(impl)):
+        by_phase[key + (row[3],)][impl] = row
 mem = {}      # size -> rates with one buffer set (footprint 0): the model and the reference table
 mem_fp = {}   # (size, footprint per core) -> rates cycling through that much memory
 try:
@@ -349,6 +382,12 @@ print("\nbusbw in GB/s (decimal); sizes below 64 KiB show the time per operation
 print("ratio = Loom / best of Open MPI and MPICH (busbw, from the times: best MPI time / Loom's; > 1: Loom is faster).")
 print("'x' marks a wrong result (in any round: the time shown is the best verified round's, if any).")
 if ma: print("loom-ma: Loom with buffers from loom::mem_alloc (-R 1); ratio-ma = loom-ma / best MPI.")
+if rt_split is not None:
+    print(f"The host changed phase during this run (core-to-core round trip {min(all_rt):.0f}-{max(all_rt):.0f} ns, "
+          "measured before and after every library's run): a run is 'fast' below "
+          f"{rt_split:.0f} ns, 'slow' above, 'mixed' when its two readings disagree.")
+    print("'*' on a ratio: Loom's and the best MPI's kept rows come from different phases (or a mixed run).")
+    print("by phase: the ratio from each phase's best verified rows alone, where Loom and an MPI both have one.")
 print("Loom's out-of-place column, except broadcast: in place, the same call as MPI_Bcast (one buffer).\n")
 colls = []
 for (c, n, s) in data:
@@ -357,7 +396,8 @@ order = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
 for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     model = c == "allreduce" and n == 2 and mem
     bounded = any(copy_bound(c, n, s) for (cc, nn, s) in data if cc == c and nn == n and s >= 65536)
-    head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["model", "loom/model"] if model else []) + \
+    head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["by phase"] if rt_split is not None else []) + \
+           (["model", "loom/model"] if model else []) + \
            (["copy bound", "loom/bound", "target", "target/bound"] if bounded else []) + \
            (["model/2 / bound"] if model and bounded else [])
     print(f"### {c}, {n} ranks\n")
@@ -368,7 +408,7 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         small = s < 65536
         def cell(i):
             if i not in d: return "-"
-            t, bw, w = d[i]
+            t, bw, w, _ = d[i]
             # Sub-10 us latencies with two decimals: at one, 0.47 and 0.54 us
             # both read "0.5 us" beside a ratio of 1.13.
             v = (f"{t:.2f} us" if t < 10 else f"{t:.1f} us") if small else f"{bw:.2f}"
@@ -379,9 +419,20 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         # time ratio); busbw is printed to 4 decimals and at 8 B is 0.0002-4.
         mpi_t = [d[i][0] for i in ("ompi", "mpich") if i in d and d[i][0] > 0]
         def ratio(i):
-            return f"{min(mpi_t) / d[i][0]:.2f}" if i in d and d[i][0] > 0 and mpi_t else "-"
+            if not (i in d and d[i][0] > 0 and mpi_t): return "-"
+            best = min((d[m][0], m) for m in ("ompi", "mpich") if m in d and d[m][0] > 0)[1]
+            apart = rt_split is not None and (d[i][3] != d[best][3] or d[i][3] == "mixed")
+            return f"{min(mpi_t) / d[i][0]:.2f}" + ("*" if apart else "")
         row.append(ratio("loom"))
         if ma: row.append(ratio("loom-ma"))
+        if rt_split is not None:
+            parts = []
+            for ph in ("fast", "slow"):
+                p = by_phase.get((c, n, s, ph), {})
+                ok = lambda i: i in p and p[i][0] > 0 and not p[i][2]
+                mt = [p[m][0] for m in ("ompi", "mpich") if ok(m)]
+                if ok("loom") and mt: parts.append(f"{ph} {min(mt) / p['loom'][0]:.2f}")
+            row.append(", ".join(parts) or "-")
         if model:
             m = mem.get(s)
             row += [f"{m[2]:.2f}" if m else "-", f"{d['loom'][1] / m[2]:.0%}" if m and "loom" in d else "-"]

@@ -631,10 +631,13 @@ TEST_F(PerfCli, AlgoSweepConfirmsBothAlgorithmsInOneProcess) {
 // directory removed afterwards.
 // `summary`: a summary.md the measuring run left there, if any; the
 // recomputed one is appended to the output after a "==== summary.md" line.
-Outcome summarize(const std::string& raw_rows, const std::string& mem_csv, const std::string& summary = "") {
+// `raw_header`: raw.csv's first line (the default is that of runs before the
+// round-trip columns).
+Outcome summarize(const std::string& raw_rows, const std::string& mem_csv, const std::string& summary = "",
+                  const std::string& raw_header = "impl,coll,nranks,size,time_us,busbw,wrong") {
   char dir[] = "/tmp/loom_compare_XXXXXX";
   if (!mkdtemp(dir)) return Outcome{-1, "mkdtemp failed"};
-  std::ofstream(std::string(dir) + "/raw.csv") << "impl,coll,nranks,size,time_us,busbw,wrong\n" << raw_rows;
+  std::ofstream(std::string(dir) + "/raw.csv") << raw_header << "\n" << raw_rows;
   std::ofstream(std::string(dir) + "/mem.csv") << mem_csv;
   if (!summary.empty()) std::ofstream(std::string(dir) + "/summary.md") << summary;
   Outcome r = run("bash " + source_dir() + "/perf-tests/compare.sh --summarize " + dir);
@@ -807,6 +810,48 @@ TEST_F(PerfCli, CompareRatioComesFromTheTimes) {
   EXPECT_EQ(row[4], "1.18") << r.out;  // 0.46 / 0.39
 }
 
+// Every run's rows carry the core-to-core round trip measured before and
+// after it; when the run saw the host in both phases, a ratio whose two rows
+// come from different phases (or from a run during which the phase changed)
+// is starred, and a "by phase" column gives each phase's own ratio.
+// Regression: Run 45's 2-rank run went from the fast phase to the slow one
+// and its table could not say which of its cells compared rows of one phase.
+TEST_F(PerfCli, CompareTellsTheHostsPhasesApart) {
+  const std::string header = "impl,coll,nranks,size,time_us,busbw,wrong,rt_before_ns,rt_after_ns";
+  Outcome r = summarize(
+      "loom,allreduce,2,8,0.18,0.0444,0,130,135\n"
+      "ompi,allreduce,2,8,0.17,0.047,0,131,580\n"   // phase changed during the run: mixed
+      "mpich,allreduce,2,8,0.38,0.021,0,580,585\n"
+      "loom,allreduce,2,8,0.39,0.0205,0,590,600\n"
+      "ompi,allreduce,2,8,0.48,0.0166,0,590,570\n"
+      "loom,allreduce,2,4194304,267,15.7,0,130,133\n"
+      "ompi,allreduce,2,4194304,552,7.6,0,132,131\n"
+      "loom,allreduce,2,4194304,400,10.5,0,580,590\n"
+      "ompi,allreduce,2,4194304,2345,1.79,0,580,570\n"
+      "mpich,allreduce,2,4194304,2000,2.1,1,580,570\n",  // wrong: no phase ratio from it
+      "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n", "", header);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("round trip 130-600 ns"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'fast' below 279 ns"), std::string::npos) << r.out;  // sqrt(130 x 600)
+  // | size | loom | ompi | mpich | ratio | by phase |
+  auto tiny = summary_row(r.out, "allreduce, 2 ranks", "8 B");
+  ASSERT_EQ(tiny.size(), 6u) << r.out;
+  EXPECT_EQ(tiny[4], "0.94*") << r.out;            // 0.17 / 0.18, the 0.17 from a mixed run
+  EXPECT_EQ(tiny[5], "slow 0.97") << r.out;        // 0.38 / 0.39; no fast MPI row
+  auto big = summary_row(r.out, "allreduce, 2 ranks", "4 MiB");
+  ASSERT_EQ(big.size(), 6u) << r.out;
+  EXPECT_EQ(big[4], "2.07") << r.out;              // both fast
+  EXPECT_EQ(big[5], "fast 2.07, slow 5.86") << r.out;  // 2345 / 400 (MPICH's 2000 was wrong)
+  // One phase only (or no readings): no column, no stars.
+  Outcome one = summarize("loom,allreduce,2,8,0.18,0.0444,0,130,135\nompi,allreduce,2,8,0.17,0.047,0,140,150\n",
+                          "size,memcpy_gbps,reduce_gbps,model_busbw_gbps,xcopy_gbps\n", "", header);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  auto row = summary_row(one.out, "allreduce, 2 ranks", "8 B");
+  ASSERT_EQ(row.size(), 4u) << one.out;
+  EXPECT_EQ(row[3], "0.94") << one.out;
+  EXPECT_EQ(one.out.find("by phase"), std::string::npos) << one.out;
+}
+
 // With --rounds a wrong result stays marked though another round verified
 // (the time shown is the verified round's). Regression: the verified round
 // replaced it silently. And --summarize keeps the measuring run's header
@@ -848,8 +893,22 @@ TEST_F(PerfCli, CompareMarksAWrongLoomRun) {
     ASSERT_EQ(symlink((bin_dir() + "/" + b).c_str(), (d + "/bin/" + b).c_str()), 0) << b;
   Outcome r = run("env LOOM_PERF_TEST_CORRUPT=1 bash " + source_dir() + "/perf-tests/compare.sh --build " + d +
                   " --quick --ranks 2 --colls allreduce --out " + d + "/out");
+  std::vector<std::string> raw;
+  {
+    std::ifstream in(d + "/out/raw.csv");
+    for (std::string line; std::getline(in, line);) raw.push_back(line);
+  }
   (void)!system(("rm -rf " + d).c_str());
   ASSERT_EQ(r.rc, 0) << r.out;
+  // Each row carries the round trips before and after its run (ns, > 0).
+  ASSERT_GE(raw.size(), 2u) << r.out;
+  EXPECT_EQ(raw[0], "impl,coll,nranks,size,time_us,busbw,wrong,rt_before_ns,rt_after_ns");
+  for (size_t i = 1; i < raw.size(); ++i) {
+    auto f = fields(raw[i], ',');
+    ASSERT_EQ(f.size(), 9u) << raw[i];
+    EXPECT_GT(std::stod(f[7]), 0.0) << raw[i];
+    EXPECT_GT(std::stod(f[8]), 0.0) << raw[i];
+  }
   EXPECT_NE(r.out.find("# Loom launched by loomrun; ranks bound: core (every library alike)"), std::string::npos)
       << r.out;
   for (const char* size : {"8 B", "4 KiB", "64 KiB"}) {
