@@ -3,7 +3,7 @@
 // How a rank writes memory that ranks on other cores read next: ordinary
 // (cached) stores or streaming (non-temporal) stores, chosen from the rate
 // the writer's own cached copies reach. One per shm connection for its FIFO
-// steps (shm_transport.cc), one per executor for the copies into scratch that
+// steps (shm_connection.cc), one per executor for the copies into scratch that
 // peers read through a mapping (a staged broadcast or all_gather block).
 //
 // A FIFO line the sender writes was last read by the receiver, so the store

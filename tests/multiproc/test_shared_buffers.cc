@@ -566,7 +566,7 @@ void staged_direct(Collective coll, const char* map_shared, const char* announce
     // copy (LOOM_SHM_SHARED_COPY): an in-place root only sends. With more
     // ranks than cores it must not: the root wrote half of every receiver's
     // copy by process_vm_writev, one after the other, 2x slower than the
-    // receivers reading alone (shm_transport.cc). Regression: it did, staged
+    // receivers reading alone (shm_connection.cc). Regression: it did, staged
     // or from mem_alloc buffers (shared_buffers, not staged).
     std::vector<size_t> counts{cs.count};
     if (coll == Collective::kBroadcast && expect_mapped) counts.push_back(size_t{1} << 18);

@@ -98,7 +98,7 @@ class ShmTransport final : public Transport {
   // from the sender), so a test can fail the peer's op at that moment.
   static void set_peer_memory_hook_for_test(void (*hook)(bool writes));
 
-  struct Segment;  // defined in the .cc
+  struct Segment;  // the layout of a rank's segment: shm_layout.h
   // The doorbells this rank's connections owe while they are held: the
   // peers (ranks) written to since the last ring_owed, each once.
   struct DoorbellBatch {
