@@ -21,6 +21,21 @@
 
 namespace loom {
 
+// Rings whose messages are padded to 8 bytes (the shm FIFO, the socket
+// connection's send ring): positions and free space stay multiples of 8, so
+// a message's next piece is the whole rest when its padded size fits in the
+// `contig` bytes free before the wrap, else as many whole words as fit.
+inline size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
+struct RingPiece {
+  size_t n = 0;    // bytes of the message to copy
+  size_t adv = 0;  // bytes the ring's tail moves
+};
+inline RingPiece ring_piece(size_t msg_remaining, size_t contig) {
+  if (round8(msg_remaining) <= contig) return {msg_remaining, round8(msg_remaining)};
+  const size_t n = contig & ~size_t{7};
+  return {n, n};
+}
+
 class Connection {
  public:
   virtual ~Connection() = default;

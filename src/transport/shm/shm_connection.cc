@@ -470,15 +470,7 @@ class ShmConnection final : public Connection {
   size_t send_fifo(const std::byte* src, size_t msg_remaining) {
     size_t pos = static_cast<size_t>(tail_ % cap_);
     size_t contig = std::min({fifo_free(std::min(round8(msg_remaining), cap_ - pos)), cap_ - pos, step_});
-    size_t n, adv;
-    // Positions and free space are multiples of 8, so a whole padded message
-    // fits whenever its unpadded size does.
-    if (round8(msg_remaining) <= contig) {
-      n = msg_remaining;
-      adv = round8(n);
-    } else {
-      n = adv = contig & ~size_t{7};
-    }
+    const auto [n, adv] = ring_piece(msg_remaining, contig);
     if (n == 0) return 0;
     copy_step(out_data_ + pos, src, n);
     publish_fifo(adv);

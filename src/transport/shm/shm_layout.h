@@ -135,7 +135,6 @@ constexpr uint64_t kInlineMagic = 0x494e4c494e45484dull;  // header of a message
 constexpr size_t kCmaStageBytes = 256 << 10;   // staging for reduce-on-receive
 constexpr size_t kCmaReadChunk = 4 << 20;      // bytes per process_vm_readv
 
-inline size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 inline long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);

@@ -13,8 +13,6 @@
 namespace loom {
 namespace {
 
-size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
-
 // Several threads publish the minimum of their cursors; a stale (smaller)
 // minimum must never overwrite a newer one.
 void store_max(std::atomic<uint64_t>& a, uint64_t v) {
@@ -139,13 +137,7 @@ size_t SocketConnection::send_some(const std::byte* src, size_t msg_remaining) {
   const size_t free = cap_ - static_cast<size_t>(tail_ - head);
   const size_t pos = static_cast<size_t>(tail_ % cap_);
   const size_t contig = std::min(free, cap_ - pos);
-  size_t n, adv;
-  if (round8(msg_remaining) <= contig) {
-    n = msg_remaining;
-    adv = round8(n);
-  } else {
-    n = adv = contig & ~size_t{7};
-  }
+  const auto [n, adv] = ring_piece(msg_remaining, contig);
   if (n == 0) return 0;
   std::memcpy(out_.get() + pos, src, n);
   tail_ += adv;
