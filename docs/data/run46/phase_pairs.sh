@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run 46: Loom against Open MPI, 2-rank allreduce, in back-to-back pairs, each
+# pair bracketed by the core-to-core round trip (mem_bench --latency) before,
+# between and after: a pair whose three readings agree on the host's phase
+# compares the libraries in that phase, however briefly it lasts.
+# Usage: docs/data/run46/phase_pairs.sh [SECONDS] [BUILD]   (from the repository root)
+# Prints: rt_before rt_between rt_after, then per size loom_us ompi_us.
+set -uo pipefail
+T=${1:-600} B=${2:-build} S=8,64,4K,4M
+rt() { "$B/bin/mem_bench" --latency 2>/dev/null | awk -F, 'NR == 2 { print int($2) }'; }
+end=$(( $(date +%s) + T ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  a=$(rt)
+  l=$("$B/bin/loomrun" -n 2 --no-prefix --bind core "$B/bin/all_reduce_perf" --sizes $S -n 2000 -w 100 -z 1 -c 0 --csv 2>/dev/null |
+      awk -F, 'NR > 1 { printf "%s:%s ", $3, $8 }')
+  b=$(rt)
+  o=$(mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to core:overload-allowed -np 2 "$B/bin/mpi_bench" \
+        -c allreduce -s $S -n 2000 -w 100 -l ompi 2>/dev/null | awk -F, '$1 == "ompi" { printf "%s:%s ", $4, $6 }')
+  c=$(rt)
+  echo "rt $a $b $c | loom $l| ompi $o"
+done
