@@ -3,19 +3,25 @@
 # pair bracketed by the core-to-core round trip (mem_bench --latency) before,
 # between and after: a pair whose three readings agree on the host's phase
 # compares the libraries in that phase, however briefly it lasts.
-# Usage: docs/data/run46/phase_pairs.sh [SECONDS] [BUILD]   (from the repository root)
+# Usage: [SIZES=8,64,4K,4M] [ITERS=2000] [ALTERNATE=1] docs/data/run46/phase_pairs.sh [SECONDS] [BUILD]   (from the repository root)
 # Prints: rt_before rt_between rt_after, then per size loom_us ompi_us.
 set -uo pipefail
-T=${1:-600} B=${2:-build} S=8,64,4K,4M
+T=${1:-600} B=${2:-build} S=${SIZES:-8,64,4K,4M} N=${ITERS:-2000}
 rt() { "$B/bin/mem_bench" --latency 2>/dev/null | awk -F, 'NR == 2 { print int($2) }'; }
 end=$(( $(date +%s) + T ))
+# The two runs of a pair alternate their order: the run after Loom's found
+# a slower machine for a moment at 16 MiB (Open MPI 4.1-4.8 ms per call
+# there, 3.2-3.8 ms on its own), so which one goes first is printed too.
+loom() { "$B/bin/loomrun" -n 2 --no-prefix --bind core "$B/bin/all_reduce_perf" --sizes $S -n $N -w 100 -z 1 -c 0 --csv 2>/dev/null |
+         awk -F, 'NR > 1 { printf "%s:%s ", $3, $8 }'; }
+ompi() { mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to core:overload-allowed -np 2 "$B/bin/mpi_bench" \
+           -c allreduce -s $S -n $N -w 100 -l ompi 2>/dev/null | awk -F, '$1 == "ompi" { printf "%s:%s ", $4, $6 }'; }
+k=0
 while [ "$(date +%s)" -lt "$end" ]; do
   a=$(rt)
-  l=$("$B/bin/loomrun" -n 2 --no-prefix --bind core "$B/bin/all_reduce_perf" --sizes $S -n 2000 -w 100 -z 1 -c 0 --csv 2>/dev/null |
-      awk -F, 'NR > 1 { printf "%s:%s ", $3, $8 }')
-  b=$(rt)
-  o=$(mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to core:overload-allowed -np 2 "$B/bin/mpi_bench" \
-        -c allreduce -s $S -n 2000 -w 100 -l ompi 2>/dev/null | awk -F, '$1 == "ompi" { printf "%s:%s ", $4, $6 }')
+  if [ "${ALTERNATE:-0}" = 1 ] && [ $((k % 2)) = 1 ]; then first=ompi; o=$(ompi); b=$(rt); l=$(loom)
+  else first=loom; l=$(loom); b=$(rt); o=$(ompi); fi
   c=$(rt)
-  echo "rt $a $b $c | loom $l| ompi $o"
+  k=$((k + 1))
+  echo "rt $a $b $c | loom $l| ompi $o| first $first"
 done
