@@ -14,8 +14,9 @@
 #include "core/shared_stores.h"
 #include "transport/shm/shm_transport.h"
 
-// The shm internals stay inside libloom (not exported: the counters below
-// were file-local before this split, read directly on the message path).
+// The shm internals (this header's and shm_layout.h's) stay inside libloom:
+// not exported, as when they were file-local (the test counters in
+// shm_layout.h are bumped on the message path).
 #define LOOM_SHM_HIDDEN __attribute__((visibility("hidden")))
 
 namespace loom {
