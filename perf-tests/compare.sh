@@ -40,7 +40,12 @@
 # --rounds N runs the whole set N times, interleaved (round 1 of every library,
 # then round 2, ...), and keeps each library's best round per size: with ranks
 # oversubscribed one run of a small size moves 1.2-2x between runs, for the
-# peers as for Loom, and one load burst then decides a ratio.
+# peers as for Loom, and one load burst then decides a ratio. Odd rounds run
+# Loom first, even rounds the peers first (a run can find the machine slower
+# right after another's: Open MPI's 16 MiB allreduce 4.1-4.8 ms after Loom's,
+# 3.2-3.8 alone, Run 46), and the tables add "per round": the median, over the
+# rounds, of the ratio of each round's own rows (raw.csv's round column), next
+# to best-of-rounds, which favours whichever library spreads wider.
 # --mem-alloc also runs Loom with its buffers from loom::mem_alloc (-R 1, as
 # ncclMemAlloc gives them: peers map them instead of reading them with
 # process_vm_readv), as a second Loom column "loom-ma" with its own ratio. The
@@ -138,7 +143,7 @@ if [ "$FRESH" = 1 ]; then
   HAVE_GLOO=0  # gloo_bench has no fresh-input mode
 fi
 echo "# compare.sh on $(hostname): $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.md"
-echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept)" | tee -a "$OUT/summary.md"
+echo "# peers: Open MPI=$HAVE_OMPI MPICH=$HAVE_MPICH Gloo=$HAVE_GLOO; quick=$QUICK; rounds=$ROUNDS (best kept$([ "$ROUNDS" -gt 1 ] && echo "; even rounds run the peers before Loom"))" | tee -a "$OUT/summary.md"
 echo "# Loom launched by $LAUNCHER; ranks bound: $BIND (every library alike)" | tee -a "$OUT/summary.md"
 LOOM_THP=()
 if [ "$THP" = 1 ]; then
@@ -159,7 +164,7 @@ round_trip() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf
 # different phases says more about the host than about the libraries.
 rt_ns() { "$BIN/mem_bench" --latency 2>> "$LOG" | awk -F, 'NR == 2 { printf "%s", $2 }'; }
 echo "# core-to-core round trip at the start: $(round_trip)" | tee -a "$OUT/summary.md"
-echo "impl,coll,nranks,size,time_us,busbw,wrong,rt_before_ns,rt_after_ns" > "$RAW"
+echo "impl,coll,nranks,size,time_us,busbw,wrong,rt_before_ns,rt_after_ns,round" > "$RAW"
 if [ "$LAUNCHER" = mpirun ]; then
   LOOM_RUN=(mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np)
 else
@@ -183,7 +188,7 @@ run() {
 }
 
 # Peer benchmarks print impl,coll,nranks,size,count,time_us,algbw,busbw,wrong.
-take_peer() { awk -F, -v rt="$RT_BEFORE,$RT_AFTER" 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9","rt}' "$OUT/last.out" >> "$RAW"; }
+take_peer() { awk -F, -v rt="$RT_BEFORE,$RT_AFTER,$round" 'NR>1 && NF>=9 {print $1","$2","$3","$4","$6","$8","$9","rt}' "$OUT/last.out" >> "$RAW"; }
 # Loom's --csv: collective,nranks,size,count,...,oop_time_us(8),oop_algbw,oop_busbw(10),oop_wrong(11),
 # ip_time_us(12),ip_algbw,ip_busbw(14),ip_wrong(15). The peers' calls decide which column is the same
 # operation: MPI_Allreduce/Reduce_scatter/Allgather get separate send and receive buffers (out of
@@ -191,9 +196,38 @@ take_peer() { awk -F, -v rt="$RT_BEFORE,$RT_AFTER" 'NR>1 && NF>=9 {print $1","$2
 take_loom() {
   # Rows of no elements (a block under 16 B, as nccl-tests cuts it) are
   # skipped, as the peers' benchmarks skip them.
-  awk -F, -v coll="$1" -v impl="${2:-loom}" -v rt="$RT_BEFORE,$RT_AFTER" 'NR>1 && NF>=15 && $4 > 0 {
+  awk -F, -v coll="$1" -v impl="${2:-loom}" -v rt="$RT_BEFORE,$RT_AFTER,$round" 'NR>1 && NF>=15 && $4 > 0 {
     if (coll == "broadcast") print impl","$1","$2","$3","$12","$14","($15==""?0:$15)","rt
     else print impl","$1","$2","$3","$8","$10","($11==""?0:$11)","rt}' "$OUT/last.out" >> "$RAW"; }
+
+# One part (small or large sizes) of one collective and rank count: Loom's run
+# (and loom-ma's), then each peer's. A round calls them in its order.
+run_loom() {
+  run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
+      --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" "${LOOM_THP[@]}" -c $check --csv; take_loom "$coll"
+  if [ "$MEM_ALLOC" = 1 ]; then
+    run "loom-ma $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
+        --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv; take_loom "$coll" loom-ma
+  fi
+}
+run_peers() {
+  if [ $HAVE_OMPI = 1 ]; then
+    run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np "$n" \
+        "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_OPTS[@]}" -l ompi; take_peer
+  fi
+  if [ $HAVE_MPICH = 1 ]; then
+    run "mpich $coll n=$n $part" mpirun.mpich "${MPICH_BIND[@]}" -np "$n" \
+        "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_OPTS[@]}" -l mpich; take_peer
+  fi
+  # Gloo's TCP transport needs ms per small operation once oversubscribed
+  # and runs every algorithm: fewer iterations keep it within --timeout.
+  if [ $HAVE_GLOO = 1 ]; then
+    store="$(mktemp -d)"
+    run "gloo $coll n=$n $part" "$BIN/loomrun" -n "$n" --no-prefix --bind "$BIND" -- "$BIN/gloo_bench" -c "$coll" -d "$store" \
+        -s "$sizes" "${giters[@]}"; take_peer
+    rm -rf "$store"
+  fi
+}
 
 for ((round = 1; round <= ROUNDS; round++)); do
 for n in $RANKS; do
@@ -219,28 +253,7 @@ for n in $RANKS; do
         # well under a second.
         [ "$n" -gt "$(nproc)" ] && [ "$coll" = broadcast ] && miters=(-n 100 -w 10)
       else sizes=$LARGE; iters=("${LARGE_ITERS[@]}"); miters=("${iters[@]}"); check=0; giters=("${LARGE_ITERS[@]}"); fi
-      # Gloo's TCP transport needs ms per small operation once oversubscribed
-      # and runs every algorithm: fewer iterations keep it within --timeout.
-      run "loom $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-          --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" "${LOOM_THP[@]}" -c $check --csv; take_loom "$coll"
-      if [ "$MEM_ALLOC" = 1 ]; then
-        run "loom-ma $coll n=$n $part" "${LOOM_RUN[@]}" "$n" "$BIN/${PERF[$coll]}" \
-            --sizes "$sizes" "${iters[@]}" "${LOOM_MODE[@]}" -R 1 -c $check --csv; take_loom "$coll" loom-ma
-      fi
-      if [ $HAVE_OMPI = 1 ]; then
-        run "ompi $coll n=$n $part" mpirun.openmpi --allow-run-as-root --oversubscribe "${OMPI_BIND[@]}" -np "$n" \
-            "$BIN/mpi_bench" -c "$coll" -s "$sizes" "${iters[@]}" "${MPI_OPTS[@]}" -l ompi; take_peer
-      fi
-      if [ $HAVE_MPICH = 1 ]; then
-        run "mpich $coll n=$n $part" mpirun.mpich "${MPICH_BIND[@]}" -np "$n" \
-            "$BIN/mpi_bench_mpich" -c "$coll" -s "$sizes" "${miters[@]}" "${MPI_OPTS[@]}" -l mpich; take_peer
-      fi
-      if [ $HAVE_GLOO = 1 ]; then
-        store="$(mktemp -d)"
-        run "gloo $coll n=$n $part" "$BIN/loomrun" -n "$n" --no-prefix --bind "$BIND" -- "$BIN/gloo_bench" -c "$coll" -d "$store" \
-            -s "$sizes" "${giters[@]}"; take_peer
-        rm -rf "$store"
-      fi
+      if [ $((round % 2)) = 1 ]; then run_loom; run_peers; else run_peers; run_loom; fi
     done
   done
 done
@@ -267,7 +280,7 @@ echo "compare.sh: memory reference (mem_bench, footprints $FOOTPRINTS)" >&2
 fi  # measuring
 
 python3 - "$RAW" "$OUT/mem.csv" "$OUT" "$(nproc)" <<'PY' | tee -a "$OUT/summary.md"
-import csv, sys, collections
+import csv, sys, collections, statistics
 raw, memf, out = sys.argv[1:4]
 # The cores this run could use (nproc: the affinity mask, as the footprints
 # above were computed), not the machine's (os.cpu_count) under taskset.
@@ -275,6 +288,7 @@ cores = int(sys.argv[4])
 data = collections.defaultdict(dict)   # (coll, n, size) -> impl -> (time_us, busbw, wrong, phase)
 by_phase = collections.defaultdict(dict)  # (coll, n, size, phase) -> impl -> the same, that phase's best
 wrong_any = set()                       # (coll, n, size, impl) wrong in some round
+per_round = collections.defaultdict(dict)  # (coll, n, size, round) -> impl -> that round's best verified row
 rows = list(csv.DictReader(open(raw)))
 def rts(r):
     """The round trips (ns) measured before and after the row's run; none in
@@ -308,6 +322,23 @@ for r in rows:
     if better(row, data[key].get(impl)): data[key][impl] = row
     if row[3] in ("fast", "slow") and better(row, by_phase[key + (row[3],)].get(impl)):
         by_phase[key + (row[3],)][impl] = row
+    rnd = (r.get("round") or "").strip()  # none in a raw.csv from before the column
+    if rnd and not wrong and t > 0 and better(row, per_round[key + (rnd,)].get(impl)):
+        per_round[key + (rnd,)][impl] = row
+rounds_seen = {k[3] for k in per_round}
+def round_ratios(c, n, s):
+    """Loom's ratio within each round (that round's best verified MPI time
+    over Loom's), leaving out a round whose two rows come from different
+    phases of the host (or a run during which it turned)."""
+    out = []
+    for rnd in sorted(rounds_seen):
+        d = per_round.get((c, n, s, rnd), {})
+        mt = [(d[m][0], m) for m in ("ompi", "mpich") if m in d]
+        if "loom" not in d or not mt: continue
+        best = min(mt)
+        if rt_split is not None and (d["loom"][3] != d[best[1]][3] or d["loom"][3] == "mixed"): continue
+        out.append(best[0] / d["loom"][0])
+    return out
 mem = {}      # size -> rates with one buffer set (footprint 0): the model and the reference table
 mem_fp = {}   # (size, footprint per core) -> rates cycling through that much memory
 try:
@@ -388,6 +419,10 @@ if rt_split is not None:
           f"{rt_split:.0f} ns, 'slow' above, 'mixed' when its two readings disagree.")
     print("'*' on a ratio: Loom's and the best MPI's kept rows come from different phases (or a mixed run).")
     print("by phase: the ratio from each phase's best verified rows alone, where Loom and an MPI both have one.")
+if len(rounds_seen) > 1:
+    print(f"per round: the median over the {len(rounds_seen)} rounds of the ratio from each round's own verified rows "
+          "(lowest-highest, rounds counted; a round whose two rows come from different phases is left out). "
+          "Odd rounds ran Loom first, even rounds the peers first.")
 print("Loom's out-of-place column, except broadcast: in place, the same call as MPI_Bcast (one buffer).\n")
 colls = []
 for (c, n, s) in data:
@@ -396,7 +431,8 @@ order = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
 for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
     model = c == "allreduce" and n == 2 and mem
     bounded = any(copy_bound(c, n, s) for (cc, nn, s) in data if cc == c and nn == n and s >= 65536)
-    head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["by phase"] if rt_split is not None else []) + \
+    head = ["size"] + impls + ["ratio"] + (["ratio-ma"] if ma else []) + (["per round"] if len(rounds_seen) > 1 else []) + \
+           (["by phase"] if rt_split is not None else []) + \
            (["model", "loom/model"] if model else []) + \
            (["copy bound", "loom/bound", "target", "target/bound"] if bounded else []) + \
            (["model/2 / bound"] if model and bounded else [])
@@ -425,6 +461,9 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
             return f"{min(mpi_t) / d[i][0]:.2f}" + ("*" if apart else "")
         row.append(ratio("loom"))
         if ma: row.append(ratio("loom-ma"))
+        if len(rounds_seen) > 1:
+            rr = sorted(round_ratios(c, n, s))
+            row.append(f"{statistics.median(rr):.2f} ({rr[0]:.2f}-{rr[-1]:.2f}, {len(rr)})" if rr else "-")
         if rt_split is not None:
             parts = []
             for ph in ("fast", "slow"):
