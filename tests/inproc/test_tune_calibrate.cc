@@ -191,12 +191,24 @@ TEST(TuneHandOff, OversubscribedCommsProbeAndAgree) {
       args.count = coll == Collective::kAllReduce ? static_cast<size_t>(n) : 1;
       set_job_args(args, std::vector<int>(static_cast<size_t>(n), 0));  // one host, as the communicator's
       const std::vector<std::string> runnable = runnable_algorithms(args);
-      int probed = 0;
+      // The probe's list (CommImpl::probe_algorithms): the runnable ones
+      // within 4x of the best runnable one, and at least the best two. The
+      // count covers the whole list: with the measured hand-off cost only
+      // one may lie within 4x (regression: counting those alone failed 1 run
+      // in 10-40 on a loaded host, "probed 1 vs 2").
+      int probed = 0, rank_in_model = 0;
+      double best_us = -1;
       for (const topo::Estimate& e : est) {
         const std::string name = topo::algo_name(e.algo);
-        if (e.us > 4 * est[0].us || std::find(runnable.begin(), runnable.end(), name) == runnable.end()) continue;
-        EXPECT_EQ(t->select(coll, bytes, n, {name})->source, "model + probe") << collective_name(coll) << " " << name;
-        ++probed;
+        if (std::find(runnable.begin(), runnable.end(), name) == runnable.end()) continue;
+        if (best_us < 0) best_us = e.us;
+        const bool listed = e.us <= 4 * best_us || rank_in_model < 2;
+        ++rank_in_model;
+        const bool was = t->select(coll, bytes, n, {name})->source == "model + probe";
+        if (listed) {
+          EXPECT_TRUE(was) << collective_name(coll) << " " << name << " was not probed";
+        }
+        probed += was;
       }
       EXPECT_GE(probed, 2) << collective_name(coll);
     }
