@@ -20,6 +20,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "core/schedule_args.h"
+#include "core/threads.h"
 #include "diag/params.h"
 #include "kernels/host_reduce.h"
 #include "topology/discover.h"
@@ -117,7 +118,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UidContents& uid, int n
   c->boot_->set_abort_flag(&c->abort_);  // from now on abort() is the way
   c->max_queued_ = static_cast<size_t>(params::max_queued_ops());
   c->gate_->comm = c.get();
-  c->engine_ = std::thread([p = c.get()] { p->engine_main(); });
+  // Returns once the engine thread has run and sleeps (core/threads.h).
+  c->engine_ = start_thread_asleep([p = c.get()] { p->engine_main(); }, &c->engine_tid_);
   LOOM_INFO(kLogInit, "{} rank {}/{}: ready (transport {}, timeout {} s)", c->name_, rank, nranks,
             c->transport_->name(), c->timeout_s_);
   return c;

@@ -136,6 +136,8 @@ class CommImpl final : public diag::DiagClient {
   GateLock& gate_lock_for_test() { return gate_->mu; }
   // Ops a waiting caller ran at issue, without the queue (tests).
   uint64_t inline_ops() const { return inline_ops_.load(std::memory_order_relaxed); }
+  // The engine thread's kernel thread id (tests).
+  long engine_tid() const { return engine_tid_; }
   // Times an issuer found the queue full and waited (LOOM_MAX_QUEUED_OPS).
   uint64_t queue_full_waits() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -248,6 +250,7 @@ class CommImpl final : public diag::DiagClient {
   std::atomic<bool> has_failed_{false};  // failed_ is set (read without the lock)
   bool stopping_ = false;
   std::thread engine_;
+  long engine_tid_ = 0;  // the engine thread's kernel id, set by create()
 
   uint64_t next_seq_ = 0;  // issuing thread only
   bool caller_waits_ = false;  // issuing thread only: see Comm::set_caller_waits
