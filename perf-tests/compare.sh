@@ -238,7 +238,12 @@ for n in $RANKS; do
         # A rank per core: sub-microsecond latencies need more than 200 samples to
         # be compared at 0.05 us (200 iterations of an 8 B allreduce are 80 us of
         # timing); oversubscribed, MPICH's spinning ranks make 2000 take minutes.
-        [ "$QUICK" = 0 ] && [ "$n" -le "$(nproc)" ] && iters=(-n 2000 -w 100)
+        # A thousand warm-up calls, every library alike: Loom's first ~1000
+        # calls after init run ~10% slower (Run 47: 2 ranks, 8 B, 64-call
+        # means 30 -> 27 us in the slow phase, the first 2000-call loop 0.25
+        # against 0.19 us later in the fast phase), and 100 left that in the
+        # first size's row.
+        [ "$QUICK" = 0 ] && [ "$n" -le "$(nproc)" ] && iters=(-n 2000 -w 1000)
         miters=("${iters[@]}")
         # Oversubscribed, 50 iterations of a 3 us op are 150 us of timing: one
         # sleeping rank's wake-up (tens of us on a VM) moved a ratio 2-4x from

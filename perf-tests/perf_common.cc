@@ -83,6 +83,7 @@ class Control {
  public:
   explicit Control(Comm& comm) : comm_(comm) {}
   Result<double> combine(double v, Average how) {
+    Waits at_once{comm_};
     Result<Work> w = Status::ok();
     switch (how) {
       case Average::kRank0: w = comm_.broadcast(&v, &v, 1, DataType::kFloat64, 0); break;
@@ -96,6 +97,7 @@ class Control {
     return how == Average::kAvg ? v / comm_.size() : v;
   }
   Result<double> sum(double v) {
+    Waits at_once{comm_};
     auto w = comm_.allreduce(&v, &v, 1, DataType::kFloat64, RedOp::kSum);
     if (!w.is_ok()) return w.status();
     Status s = w->wait();
@@ -105,6 +107,15 @@ class Control {
   Status barrier() { return sum(0).status(); }
 
  private:
+  // Every control op is waited for as soon as it is issued: this thread runs
+  // it (Comm::set_caller_waits). Queued instead, each woke the communicator's
+  // engine thread, which shares the rank's core, found the op taken and
+  // woke again a millisecond later: inside the next timed loop.
+  struct Waits {
+    explicit Waits(Comm& c) : comm(c) { comm.set_caller_waits(true); }
+    ~Waits() { comm.set_caller_waits(false); }
+    Comm& comm;
+  };
   Comm& comm_;
 };
 
