@@ -110,7 +110,8 @@ class Control {
   // Every control op is waited for as soon as it is issued: this thread runs
   // it (Comm::set_caller_waits). Queued instead, each woke the communicator's
   // engine thread, which shares the rank's core, found the op taken and
-  // woke again a millisecond later: inside the next timed loop.
+  // woke again a millisecond later: a scheduler trace put those wake-ups
+  // inside the timed loops (performance.md Run 47).
   struct Waits {
     explicit Waits(Comm& c) : comm(c) { comm.set_caller_waits(true); }
     ~Waits() { comm.set_caller_waits(false); }

@@ -1,11 +1,11 @@
 // Helper threads of a rank (the communicator's engine, the diagnostics
 // hub's watchdog and query server) share the rank's core when ranks are
 // pinned. A new thread starts on its creator's core and, left alone, first
-// runs whenever the kernel next preempts the creator: typically inside the
-// first operations after init. 2 ranks, 8 B allreduce, the first 2000 calls
-// after init read 0.23-0.25 us per call, later ones 0.17-0.18 (performance.md
-// Run 47). start_thread_asleep returns once the new thread has run up to its
-// first sleep.
+// runs whenever the kernel next preempts the creator: a scheduler trace of a
+// 2-rank all_reduce_perf showed the engine's first run inside the first timed
+// loop (performance.md Run 47; the first ~1000 calls after init are slower
+// still, for a cause not found yet). start_thread_asleep returns once the
+// new thread has run up to its first sleep.
 #pragma once
 
 #include <atomic>
@@ -19,8 +19,8 @@ namespace loom {
 long current_thread_id();
 
 // Yields the calling thread's core until thread `tid` of this process is off
-// the run queue (/proc/self/task/TID/stat says so), at most 100 times; at once
-// where /proc cannot tell.
+// the run queue (/proc/self/task/TID/stat says so), at most 100 times; returns
+// at once where /proc cannot be read.
 void yield_until_asleep(long tid);
 
 // Waits (yielding, up to 1 s) until `slot` holds a thread id; returns it, or

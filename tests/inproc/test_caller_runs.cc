@@ -492,16 +492,12 @@ namespace {
 // search) and is cleared past 512 entries: the remembered schedule must be
 // forgotten with it. Alternate two sizes (each a hit), overflow the cache
 // with 600 distinct ones, then use the two again; every result is checked.
-// A stream-ordered op's gate (the shim's CUDA streams): the waits poll for
-// spin_us (LOOM_ENGINE_SPIN_US) and then sleep, and see open/finish and
-// abort either way.
 // When init returns, the engine thread has run and sleeps. Created last on
 // the caller's core (ranks are pinned), it used to first run whenever the
-// kernel preempted the caller: inside the first operations, which read
-// 0.23-0.25 us per 8 B allreduce over the first 2000 calls and 0.17-0.18
-// later (performance.md Run 47). Here the caller is pinned to one CPU and a
-// one-rank communicator is created: its engine must already have a thread id
-// and be asleep.
+// kernel preempted the caller: a scheduler trace put that inside the first
+// timed loop of all_reduce_perf (performance.md Run 47). Here the caller is
+// pinned to one CPU and a one-rank communicator is created: its engine must
+// already have a thread id and be asleep.
 TEST(CallerRuns, TheEngineSleepsWhenInitReturns) {
   if (!proc_reports_sleep()) GTEST_SKIP() << "/proc/self/task/*/stat does not show a sleeping thread as 'S' here";
   cpu_set_t old_set, one;
@@ -564,6 +560,9 @@ TEST(CallerRuns, StartThreadAsleepReturnsOnceTheThreadSleeps) {
   EXPECT_EQ(state, 'S');
 }
 
+// A stream-ordered op's gate (the shim's CUDA streams): the waits poll for
+// spin_us (LOOM_ENGINE_SPIN_US) and then sleep, and see open/finish and
+// abort either way.
 TEST(StartGate, PollingThenSleepingWaitsSeeOpenFinishAndAbort) {
   const Deadline far = deadline_after(30.0);
   std::atomic<bool> no_abort{false};
