@@ -36,6 +36,28 @@ char thread_state(long tid) {
   return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
 }
 
+// Pins the calling thread to the first CPU it may run on, until restore()
+// (or the end of the scope) puts its affinity back.
+struct OneCpu {
+  cpu_set_t old_set;
+  bool ok = false, pinned = false;
+  OneCpu() {
+    if (sched_getaffinity(0, sizeof old_set, &old_set) != 0) return;
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old_set)) ++cpu;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ok = pinned = cpu < CPU_SETSIZE && sched_setaffinity(0, sizeof one, &one) == 0;
+  }
+  bool restore() {
+    if (!pinned) return true;
+    pinned = false;
+    return sched_setaffinity(0, sizeof old_set, &old_set) == 0;
+  }
+  ~OneCpu() { (void)restore(); }
+};
+
 // Whether /proc tells a sleeping thread apart here: a thread blocked on a
 // condition variable for a while must read 'S' (a sandboxing kernel may not
 // keep thread states).
@@ -500,14 +522,8 @@ namespace {
 // already have a thread id and be asleep.
 TEST(CallerRuns, TheEngineSleepsWhenInitReturns) {
   if (!proc_reports_sleep()) GTEST_SKIP() << "/proc/self/task/*/stat does not show a sleeping thread as 'S' here";
-  cpu_set_t old_set, one;
-  ASSERT_EQ(sched_getaffinity(0, sizeof old_set, &old_set), 0);
-  int cpu = 0;
-  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old_set)) ++cpu;
-  ASSERT_LT(cpu, CPU_SETSIZE);
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  OneCpu pinned;
+  ASSERT_TRUE(pinned.ok);
   auto id = get_unique_id();
   auto comm = id.is_ok() ? Comm::init_rank(*id, 1, 0) : Result<std::unique_ptr<Comm>>(id.status());
   long tid = 0;
@@ -516,7 +532,7 @@ TEST(CallerRuns, TheEngineSleepsWhenInitReturns) {
     tid = (*comm)->impl()->engine_tid();
     state = thread_state(tid);
   }
-  ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
+  ASSERT_TRUE(pinned.restore());
   ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
   EXPECT_NE(tid, 0) << "the engine thread had not run yet";
   EXPECT_EQ(state, 'S') << "engine thread " << tid;
@@ -527,13 +543,8 @@ TEST(CallerRuns, TheEngineSleepsWhenInitReturns) {
 // first sleep when the call returns.
 TEST(CallerRuns, StartThreadAsleepReturnsOnceTheThreadSleeps) {
   if (!proc_reports_sleep()) GTEST_SKIP() << "/proc/self/task/*/stat does not show a sleeping thread as 'S' here";
-  cpu_set_t old_set, one;
-  ASSERT_EQ(sched_getaffinity(0, sizeof old_set, &old_set), 0);
-  int cpu = 0;
-  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old_set)) ++cpu;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  OneCpu pinned;
+  ASSERT_TRUE(pinned.ok);
   std::mutex m;
   std::condition_variable cv;
   bool go = false;
@@ -548,7 +559,7 @@ TEST(CallerRuns, StartThreadAsleepReturnsOnceTheThreadSleeps) {
       &tid);
   const int ran_before_return = ran.load();
   const char state = thread_state(tid);
-  ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
+  ASSERT_TRUE(pinned.restore());
   {
     std::lock_guard<std::mutex> lk(m);
     go = true;
