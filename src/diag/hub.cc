@@ -67,9 +67,6 @@ struct Hub::Impl {
   bool started = false;
   std::atomic<int> handlers{0};
   int64_t last_dump_ns = 0;
-  // Started asleep (core/threads.h): created with a rank's first
-  // communicator, they would otherwise first run inside its first operations.
-  long server_tid = 0, watchdog_tid = 0;
 
   void start(const SockAddr& bind_ip);
   void watchdog_main();
@@ -138,7 +135,10 @@ void Hub::Impl::start(const SockAddr& bind_ip) {
     if (fd.is_ok()) {
       listen_fd = std::move(fd).value();
       addr = bound.to_string();
-      start_thread_asleep([this] { server_main(); }, &server_tid).detach();
+      // Started asleep (core/threads.h), as the watchdog below: created with
+      // a rank's first communicator, they would otherwise first run inside
+      // its first operations.
+      start_thread_asleep([this] { server_main(); }).detach();
       LOOM_INFO(kLogDiag, "diag server on {} (query with: loom-doctor status {})", addr, addr);
     } else {
       LOOM_WARN(kLogDiag, "diag server disabled: {}", fd.status().message());
@@ -154,7 +154,7 @@ void Hub::Impl::start(const SockAddr& bind_ip) {
       sigaction(SIGUSR1, &sa, nullptr);
     }
   }
-  start_thread_asleep([this] { watchdog_main(); }, &watchdog_tid).detach();
+  start_thread_asleep([this] { watchdog_main(); }).detach();
 }
 
 void Hub::Impl::watchdog_main() {
