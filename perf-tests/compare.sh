@@ -331,6 +331,10 @@ for r in rows:
     if rnd and not wrong and t > 0 and better(row, per_round[key + (rnd,)].get(impl)):
         per_round[key + (rnd,)][impl] = row
 rounds_seen = {k[3] for k in per_round}
+def apart(p, q):
+    """Two rows' phases (phase_of) compare unlike: the run saw both phases and
+    the rows come from different ones, or from a run during which it turned."""
+    return rt_split is not None and (p != q or p == "mixed")
 def round_ratios(c, n, s):
     """Loom's ratio within each round (that round's best verified MPI time
     over Loom's), leaving out a round whose two rows come from different
@@ -341,7 +345,7 @@ def round_ratios(c, n, s):
         mt = [(d[m][0], m) for m in ("ompi", "mpich") if m in d]
         if "loom" not in d or not mt: continue
         best = min(mt)
-        if rt_split is not None and (d["loom"][3] != d[best[1]][3] or d["loom"][3] == "mixed"): continue
+        if apart(d["loom"][3], d[best[1]][3]): continue
         out.append(best[0] / d["loom"][0])
     return out
 mem = {}      # size -> rates with one buffer set (footprint 0): the model and the reference table
@@ -462,8 +466,7 @@ for c, n in sorted(colls, key=lambda k: (order.get(k[0], 9), k[1])):
         def ratio(i):
             if not (i in d and d[i][0] > 0 and mpi_t): return "-"
             best = min((d[m][0], m) for m in ("ompi", "mpich") if m in d and d[m][0] > 0)[1]
-            apart = rt_split is not None and (d[i][3] != d[best][3] or d[i][3] == "mixed")
-            return f"{min(mpi_t) / d[i][0]:.2f}" + ("*" if apart else "")
+            return f"{min(mpi_t) / d[i][0]:.2f}" + ("*" if apart(d[i][3], d[best][3]) else "")
         row.append(ratio("loom"))
         if ma: row.append(ratio("loom-ma"))
         if len(rounds_seen) > 1:
