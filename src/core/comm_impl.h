@@ -154,7 +154,7 @@ class CommImpl final : public diag::DiagClient {
   topo::Tuner* tuner() { return tuner_.get(); }
 
   // diag::DiagClient (defined in diag/comm_diag.cc)
-  nlohmann::json diag_state() override;
+  nlohmann::json diag_state(size_t max_ops = SIZE_MAX) override;
   void diag_tick() override;
 
  private:

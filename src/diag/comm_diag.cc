@@ -54,7 +54,7 @@ void CommImpl::diag_on_failure(const Status& st) {
                         announce);
 }
 
-nlohmann::json CommImpl::diag_state() {
+nlohmann::json CommImpl::diag_state(size_t max_ops) {
   nlohmann::json j;
   j["name"] = name_;
   j["id"] = comm_id_;
@@ -83,7 +83,7 @@ nlohmann::json CommImpl::diag_state() {
                                     ? peer_diag_addrs_[p.rank]
                                     : ""}});
   j["peers"] = std::move(peers);
-  nlohmann::json ops = recorder_ ? recorder_->to_json() : nlohmann::json::array();
+  nlohmann::json ops = recorder_ ? recorder_->to_json(max_ops) : nlohmann::json::array();
   // The running op, or the one that failed (its progress is still the
   // executor's last published position).
   uint64_t running = running_seq_.load(std::memory_order_acquire);

@@ -30,6 +30,10 @@
 namespace loom::diag {
 namespace {
 
+// Ops a healthy destroyed communicator leaves in later dumps: "where this
+// process was", e.g. for a peer that still waits on it.
+constexpr size_t kRetiredOps = 16;
+
 // A state as text. Reasons, comm names and peers' messages may hold bytes
 // that are not UTF-8 (a request line, a cut multi-byte character): those are
 // replaced, never thrown about (nlohmann's dump throws type_error.316).
@@ -97,11 +101,11 @@ void Hub::remove(DiagClient* c) {
   if (std::find(impl_->clients.begin(), impl_->clients.end(), c) == impl_->clients.end()) return;
   // A failed communicator's last state stays in later dumps and answers:
   // programs often destroy it before a peer asks for the coordinated dump.
-  // (A healthy one keeps only its last few ops: it matters as "where this
-  // process was", e.g. for a peer that still waits on it.)
-  nlohmann::json last = c->diag_state();
-  if (last.value("status", "ok") == "ok" && last["ops"].size() > 16)
-    last["ops"].erase(last["ops"].begin(), last["ops"].end() - 16);
+  // A healthy one keeps only its last kRetiredOps, and only those are
+  // rendered (the whole ring, 1024 entries by default, cost ~400 page faults
+  // per destroy); a failed one is rendered again, in full.
+  nlohmann::json last = c->diag_state(kRetiredOps);
+  if (last.value("status", "ok") != "ok") last = c->diag_state();
   last["destroyed"] = true;
   impl_->retired.push_back(std::move(last));
   if (impl_->retired.size() > 16) impl_->retired.erase(impl_->retired.begin());

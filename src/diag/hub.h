@@ -7,6 +7,8 @@
 // documented in docs/troubleshooting.md; dumps and live answers use the same.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
@@ -24,7 +26,8 @@ class DiagClient {
  public:
   virtual ~DiagClient() = default;
   // This communicator's state (see the schema); called from any thread.
-  virtual nlohmann::json diag_state() = 0;
+  // `max_ops`: the newest flight-recorder entries rendered (all by default).
+  virtual nlohmann::json diag_state(size_t max_ops = SIZE_MAX) = 0;
   // Watchdog tick (every ~100 ms): deadlines, peers that failed while this
   // communicator is idle. May fail the communicator.
   virtual void diag_tick() = 0;

@@ -263,7 +263,7 @@ std::string algo_full_name(uint64_t word) {
 
 }  // namespace
 
-nlohmann::json FlightRecorder::to_json() const {
+nlohmann::json FlightRecorder::to_json(size_t max_ops) const {
   nlohmann::json out = nlohmann::json::array();
   if (!cap_) return out;
   const uint64_t end = next_.load(std::memory_order_acquire);
@@ -279,6 +279,7 @@ nlohmann::json FlightRecorder::to_json() const {
     if (s >= begin || state != OpState::kCompleted) order.emplace_back(s, i);
   }
   std::sort(order.begin(), order.end());
+  if (order.size() > max_ops) order.erase(order.begin(), order.end() - static_cast<ptrdiff_t>(max_ops));
   for (const auto& [s, i] : order) {
     const Entry& e = entries_[i];
     if (e.seq.load(std::memory_order_acquire) != s) continue;

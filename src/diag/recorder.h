@@ -46,8 +46,9 @@ class FlightRecorder {
 
   // Entries oldest to newest as a JSON array (schema in docs/troubleshooting.md):
   // the last capacity() ops, and any older one still in the ring that did
-  // not complete (running, queued or failed).
-  nlohmann::json to_json() const;
+  // not complete (running, queued or failed). At most the newest `max_ops`
+  // of them: only those are rendered.
+  nlohmann::json to_json(size_t max_ops = SIZE_MAX) const;
   // Ops not recorded because their slot held an op that had not finished
   // (more unfinished ops than the ring holds: a deep queue behind a hung op).
   uint64_t unrecorded() const { return unrecorded_.load(std::memory_order_relaxed); }

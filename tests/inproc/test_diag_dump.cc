@@ -191,5 +191,46 @@ TEST(DiagDump, FinishedSeqCountsOpsWithoutATraceBuffer) {
   }
 }
 
+// A destroyed communicator stays in the process's state: a healthy one with
+// its newest 16 ops (only those rendered: the whole 1024-entry ring cost ~400
+// page faults per destroy), a failed one with every op its ring holds.
+TEST(DiagDump, ADestroyedCommKeepsItsNewestOpsOrAllWhenItFailed) {
+  auto comms = Comm::init_all(2);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(64, 1.0f));
+  constexpr int kOps = 40;
+  for (int i = 0; i < kOps; ++i) {
+    std::vector<Work> works;
+    for (int r = 0; r < 2; ++r) {
+      auto w = (*comms)[r]->allreduce(bufs[r].data(), bufs[r].data(), 64, DataType::kFloat32, RedOp::kSum);
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      works.push_back(*w);
+    }
+    for (auto& w : works) ASSERT_TRUE(w.wait().is_ok());
+  }
+  const std::string id = (*comms)[0]->impl()->diag_state()["id"];
+  (*comms)[1]->impl()->abort("test: rank 1 fails");
+  for (auto& c : *comms) (void)c->destroy();
+  const nlohmann::json st = diag::Hub::get().state("test");
+  int seen = 0;
+  for (const auto& c : st["comms"]) {
+    if (c.value("id", "") != id) continue;
+    ++seen;
+    EXPECT_TRUE(c.value("destroyed", false));
+    const auto& ops = c["ops"];
+    ASSERT_FALSE(ops.empty());
+    EXPECT_EQ(ops.back().value("seq", 0), kOps - 1) << "the newest op is kept";
+    if (c.value("rank", -1) == 1) {
+      EXPECT_EQ(c.value("status", ""), "failed");
+      EXPECT_EQ(ops.size(), static_cast<size_t>(kOps)) << "a failed comm keeps every op";
+    } else {
+      EXPECT_EQ(c.value("status", ""), "ok");
+      ASSERT_EQ(ops.size(), 16u);
+      EXPECT_EQ(ops.front().value("seq", 0), kOps - 16);
+    }
+  }
+  EXPECT_EQ(seen, 2) << st.dump();
+}
+
 }  // namespace
 }  // namespace loom

@@ -136,6 +136,13 @@ TEST(Recorder, KeepsTheLastNOps) {
   EXPECT_EQ(j[3]["state"], "started");
   EXPECT_EQ(j[3]["algo"], "ring");
   EXPECT_EQ(FlightRecorder(0).to_json().size(), 0u);
+  // A limit renders only the newest entries, oldest first.
+  j = rec.to_json(2);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["seq"], 8);
+  EXPECT_EQ(j[1]["seq"], 9);
+  EXPECT_EQ(rec.to_json(0).size(), 0u);
+  EXPECT_EQ(rec.to_json(100).size(), 4u);
 }
 
 // An op run at issue is recorded in one go while it waits (enqueued and
