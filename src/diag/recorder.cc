@@ -36,6 +36,8 @@ int64_t clock_now_ns() {
 
 namespace {
 
+std::atomic<uint64_t> g_clock_reads{0};  // now_ns_clock_reads
+
 #if defined(__x86_64__)
 // The flight recorder reads the wall clock twice per op, on its critical
 // path (enqueue, end). clock_gettime(CLOCK_REALTIME) costs ~28 ns on this
@@ -43,8 +45,9 @@ namespace {
 // ranks, 8 B allreduce 0.52-0.55 -> 0.49-0.54 us with the TSC. With an
 // invariant TSC, the time is an anchor's realtime plus the ticks since it, at
 // the rate measured between the last two anchors; a new anchor (one
-// clock_gettime) every ~50 ms of ticks follows NTP's slewing. Until the first
-// rate is known (~1 ms after the first call), and without an invariant TSC,
+// clock_gettime) every ~50 ms of ticks follows NTP's slewing. The first call
+// measures a provisional rate over ~50 us (first_anchor), good for the first
+// millisecond; then a rate over >= 1 ms takes over. Without an invariant TSC,
 // clock_gettime itself.
 bool invariant_tsc() {
   unsigned a, b, c, d;
@@ -75,34 +78,68 @@ class TscClock {
   static constexpr unsigned kSlots = 64;  // a slot is reused after 63 newer anchors (seconds)
   static constexpr int64_t kAnchorNs = 50'000'000;
   static constexpr int64_t kFirstRateNs = 1'000'000;
+  static constexpr int64_t kProvisionalNs = 50'000;
 
   // Out of line: now()'s common path stays a few instructions without the
   // registers this one needs.
   [[gnu::noinline]] int64_t reanchor() {
-    const uint64_t t1 = __rdtsc();
-    const int64_t ns = clock_now_ns();
-    const uint64_t t2 = __rdtsc();
-    // A pair read across a preemption would skew the rate: only a tight one
-    // (2^16 ticks, ~20 us at 3 GHz) becomes an anchor.
-    if (t2 - t1 > (uint64_t{1} << 16)) return ns;
+    g_clock_reads.fetch_add(1, std::memory_order_relaxed);
+    uint64_t t_now;
+    int64_t ns;
+    if (!tight_pair(&t_now, &ns)) return ns;
     if (busy_.exchange(true, std::memory_order_acquire)) return ns;  // another thread re-anchors
-    const uint64_t prev_t = last_tsc_, t_now = t1 + (t2 - t1) / 2;
+    const uint64_t prev_t = last_tsc_;
     const int64_t prev_ns = last_ns_;
     if (prev_t == 0 || t_now <= prev_t || ns - prev_ns <= 0) {
       last_tsc_ = t_now, last_ns_ = ns;  // first sample, or the TSC went back (migration): start over
+      first_anchor(t_now, ns);
     } else if (ns - prev_ns >= kFirstRateNs) {
-      const double rate = static_cast<double>(ns - prev_ns) / static_cast<double>(t_now - prev_t);
-      const unsigned next = cur_.load(std::memory_order_relaxed) + 1;
-      Anchor& a = slots_[next % kSlots];
-      a.tsc.store(t_now, std::memory_order_relaxed);
-      a.ns.store(ns, std::memory_order_relaxed);
-      a.ns_per_tick.store(rate, std::memory_order_relaxed);
-      a.ticks_valid.store(static_cast<uint64_t>(static_cast<double>(kAnchorNs) / rate), std::memory_order_relaxed);
-      cur_.store(next, std::memory_order_release);
+      publish(t_now, ns, static_cast<double>(ns - prev_ns) / static_cast<double>(t_now - prev_t), kAnchorNs);
       last_tsc_ = t_now, last_ns_ = ns;
     }
     busy_.store(false, std::memory_order_release);
     return ns;
+  }
+
+  // The TSC read on both sides of a clock read: *tsc their middle. A pair read
+  // across a preemption would skew a rate: only a tight one (2^16 ticks, ~20
+  // us at 3 GHz) counts.
+  static bool tight_pair(uint64_t* tsc, int64_t* ns) {
+    const uint64_t t1 = __rdtsc();
+    *ns = clock_now_ns();
+    const uint64_t t2 = __rdtsc();
+    *tsc = t1 + (t2 - t1) / 2;
+    return t2 - t1 <= (uint64_t{1} << 16);
+  }
+
+  // After the first sample (t0, ns0): a rate over ~kProvisionalNs of reads,
+  // valid for kFirstRateNs, when the sample itself (still last_tsc_) gives
+  // a rate over a millisecond. Without it, every read of the first
+  // millisecond was a clock_gettime and two TSC reads: the first ~2500 ops of
+  // a 2-rank 8 B allreduce, 11 -> 13 us per 64 calls (~30 ns per op),
+  // performance.md Run 48. Spins ~50 us, once per process.
+  void first_anchor(uint64_t t0, int64_t ns0) {
+    for (int reads = 0; reads < 100000; ++reads) {
+      uint64_t t;
+      int64_t ns;
+      const bool tight = tight_pair(&t, &ns);
+      if (ns - ns0 > kFirstRateNs || t <= t0) return;  // preempted for long, or the TSC went back
+      if (tight && ns - ns0 >= kProvisionalNs) {
+        publish(t, ns, static_cast<double>(ns - ns0) / static_cast<double>(t - t0), kFirstRateNs);
+        return;
+      }
+    }
+  }
+
+  // A new anchor at (tsc, ns), extrapolated at `rate` for `valid_ns`.
+  void publish(uint64_t tsc, int64_t ns, double rate, int64_t valid_ns) {
+    const unsigned next = cur_.load(std::memory_order_relaxed) + 1;
+    Anchor& a = slots_[next % kSlots];
+    a.tsc.store(tsc, std::memory_order_relaxed);
+    a.ns.store(ns, std::memory_order_relaxed);
+    a.ns_per_tick.store(rate, std::memory_order_relaxed);
+    a.ticks_valid.store(static_cast<uint64_t>(static_cast<double>(valid_ns) / rate), std::memory_order_relaxed);
+    cur_.store(next, std::memory_order_release);
   }
 
   Anchor slots_[kSlots];
@@ -115,14 +152,26 @@ class TscClock {
 
 }  // namespace
 
-int64_t now_ns() {
+bool now_ns_uses_tsc() {
 #if defined(__x86_64__)
   static const bool tsc = invariant_tsc();
+  return tsc;
+#else
+  return false;
+#endif
+}
+
+int64_t now_ns() {
+#if defined(__x86_64__)
+  static const bool tsc = now_ns_uses_tsc();
   static TscClock clock;
   if (tsc) return clock.now();
 #endif
+  g_clock_reads.fetch_add(1, std::memory_order_relaxed);
   return clock_now_ns();
 }
+
+uint64_t now_ns_clock_reads() { return g_clock_reads.load(std::memory_order_relaxed); }
 
 namespace {
 // An algorithm name's first 8 characters, as the entry keeps them. A copy

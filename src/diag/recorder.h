@@ -27,6 +27,11 @@ const char* op_state_name(OpState s);
 // from CLOCK_REALTIME every ~50 ms (recorder.cc); clock_now_ns reads the clock.
 int64_t now_ns();
 int64_t clock_now_ns();
+// For tests: whether now_ns extrapolates the TSC (x86, invariant TSC), and
+// how many of its reads the clock itself answered (before the first anchor,
+// at each re-anchoring; all of them without the TSC).
+bool now_ns_uses_tsc();
+uint64_t now_ns_clock_reads();
 
 class FlightRecorder {
  public:

@@ -44,6 +44,30 @@ Drift watch(int ms) {
   return d;
 }
 
+// First in this file: the process's first read of now_ns. It anchors the
+// TSC at once (a rate over ~50 us), so the reads right after it are TSC
+// reads. Regression: for a millisecond after the first read every read was
+// a clock_gettime (and two TSC reads): ~30 ns more per op for the first
+// ~2500 ops of a 2-rank 8 B allreduce (performance.md Run 48).
+TEST(RecorderClock, TheFirstReadAnchorsTheTsc) {
+  if (!now_ns_uses_tsc()) GTEST_SKIP() << "no invariant TSC here: now_ns reads CLOCK_REALTIME every time";
+  ASSERT_EQ(now_ns_clock_reads(), 0u) << "run this test first, in a fresh process";
+  const int64_t before = clock_now_ns();
+  const int64_t first = now_ns();
+  int64_t last = first;
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t t = now_ns();
+    EXPECT_GE(t, last);
+    last = t;
+  }
+  const int64_t after = clock_now_ns();
+  // The first read, and one re-anchoring should a preemption have made the
+  // first pairs loose (or 2000 reads outlast the first anchor).
+  EXPECT_LE(now_ns_clock_reads(), 3u) << "2001 reads within " << (after - before) / 1000 << " us";
+  EXPECT_GE(first, before - 200000);
+  EXPECT_LE(last, after + 200000);
+}
+
 TEST(RecorderClock, FollowsTheWallClockAcrossAnchors) {
   watch(5);  // past the first rate measurement (1 ms)
   const Drift d = watch(160);
