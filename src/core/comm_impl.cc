@@ -558,10 +558,11 @@ Status CommImpl::run_sub(SubOp& s) {
   exec_->progress().seq.store(s.seq, std::memory_order_relaxed);
   // ---- diag: recorder state and this op's fingerprint
   if (s.defer_record) {
-    // Recorded at its first idle poll (write_deferred_record): the recorder
-    // entry and its clock read (~190 instructions, the TSC read alone ~11 ns
-    // here) are off the path to its first send, done while it waits. Gains
-    // 0-4% at 8-64 B, none measurable from 256 B (performance.md Run 22).
+    // Recorded once it idles (write_deferred_record): the recorder entry
+    // and its clock read (~190 instructions, the TSC read alone ~11 ns here)
+    // are off the path to its first send, done while it waits. Gains 0-4%
+    // at 8-64 B, none measurable from 256 B (performance.md Run 22). An op
+    // that ends first is recorded whole at its end (EndRecord below).
     // Until then the watchdog reads "started at 0" as "just started".
     running_since_ns_.store(0, std::memory_order_relaxed);
     deferred_sub_ = &s;
@@ -580,8 +581,10 @@ Status CommImpl::run_sub(SubOp& s) {
     uint64_t seq;
     bool ok = false;
     ~EndRecord() {
-      c->exec_->flush_deferred();  // an op that never waited is recorded here, before its end
-      c->recorder_->on_end(seq, ok);
+      if (c->exec_->take_deferred())
+        c->record_whole(ok);  // an op that never waited long: its whole record, one clock read
+      else
+        c->recorder_->on_end(seq, ok);
       c->last_failed_.store(!ok, std::memory_order_relaxed);
       c->last_seq_.store(seq + 1, std::memory_order_relaxed);
       c->running_seq_.store(0, std::memory_order_release);
@@ -622,6 +625,13 @@ void CommImpl::write_deferred_record() {
   const int64_t now = recorder_->on_run_at_issue(s.seq, s.coll_seq, s.args, deferred_sched_->algorithm,
                                                  static_cast<int>(deferred_sched_->phases.size()));
   running_since_ns_.store(now, std::memory_order_relaxed);
+}
+
+void CommImpl::record_whole(bool ok) {
+  const SubOp& s = *deferred_sub_;
+  deferred_sub_ = nullptr;
+  recorder_->on_ran_at_issue(s.seq, s.coll_seq, s.args, deferred_sched_->algorithm,
+                             static_cast<int>(deferred_sched_->phases.size()), ok);
 }
 
 void CommImpl::fail(const Status& st) {

@@ -290,10 +290,12 @@ class CommImpl final : public diag::DiagClient {
   Status diag_init(Deadline deadline);
   void diag_on_failure(const Status& st);
   std::unique_ptr<diag::FlightRecorder> recorder_;
-  // The op whose recorder entry waits for its first idle poll (run_sub).
+  // The op whose recorder entry waits until it idles (run_sub): written
+  // then (write_deferred_record), or whole at its end (record_whole).
   const SubOp* deferred_sub_ = nullptr;
   const RankSchedule* deferred_sched_ = nullptr;
   void write_deferred_record();
+  void record_whole(bool ok);
   diag::Fingerprint fingerprint_;  // engine thread only
   bool fingerprints_ = true;
   uint64_t next_coll_seq_ = 0;              // issuing thread only

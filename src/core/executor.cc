@@ -561,8 +561,10 @@ Status Executor::run_exchange(const RankSchedule& sched, std::vector<std::byte*>
       return finish();
     }
     if (!span.empty()) break;  // a part of it: the general loop takes it in pieces
-    if (i == 0) flush_deferred();  // diag: the op waits, as at run_phase's first idle poll
-    else if (i >= 16) transport_->ring_owed();
+    if (i >= kLongWaitPolls) {
+      flush_deferred();  // diag: the op waits (run_phase does it at its first idle poll)
+      transport_->ring_owed();
+    }
     _mm_pause();
   }
   // The peer is late: the general loop waits, with the send already done.

@@ -101,7 +101,8 @@ class Executor {
   // ---- diag: bookkeeping the caller took off the op's critical path (the
   // flight recorder's entry of an op run at issue): `fn(ctx)` runs at the
   // op's first poll that finds nothing to do, i.e. once every message it
-  // could send is out and it waits for its peers, or at flush_deferred().
+  // could send is out and it waits for its peers (run_exchange: once it has
+  // waited kLongWaitPolls polls), or at flush_deferred().
   void defer_until_idle(void (*fn)(void*), void* ctx) {
     deferred_fn_ = fn;
     deferred_ctx_ = ctx;
@@ -111,6 +112,13 @@ class Executor {
     auto* fn = deferred_fn_;
     deferred_fn_ = nullptr;
     fn(deferred_ctx_);
+  }
+  // Whether the bookkeeping was still deferred at the op's end (it never
+  // waited long); the caller takes it back and does it itself.
+  bool take_deferred() {
+    const bool had = deferred_fn_ != nullptr;
+    deferred_fn_ = nullptr;
+    return had;
   }
   ~Executor();
 
@@ -152,6 +160,11 @@ class Executor {
   // Polls of run_exchange before it hands over to drive(): ranks with a core
   // each (fast_wait_) poll a while, oversubscribed ones look once.
   static constexpr int kExchangePolls = 256;
+  // From this poll on run_exchange's op waits a while: it rings the peers'
+  // owed doorbells (a fence) and does the deferred bookkeeping. Most small
+  // answers come sooner: the op is then recorded whole at its end, with
+  // one clock read (CommImpl::run_sub).
+  static constexpr int kLongWaitPolls = 16;
   Status ensure_scratch(size_t bytes);
   // The schedule's scratch (if it has any), grown as needed, as bufs[kBufScratch].
   Status provide_scratch(const RankSchedule& sched, size_t es, std::vector<std::byte*>& bufs);

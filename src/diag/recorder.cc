@@ -228,8 +228,13 @@ int64_t FlightRecorder::on_run_at_issue(uint64_t seq, uint64_t coll_seq, const C
   return now;
 }
 
+void FlightRecorder::on_ran_at_issue(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string& algorithm,
+                                     int nphases, bool ok) {
+  if (cap_) write_entry(seq, coll_seq, a, &algorithm, nphases, now_ns(), ok ? End::kOk : End::kFailed);
+}
+
 void FlightRecorder::write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs& a, const std::string* algorithm,
-                                 int nphases, int64_t now) {
+                                 int nphases, int64_t now, End end) {
   constexpr auto r = std::memory_order_relaxed;
   Entry& e = slot(seq);
   const uint64_t held = e.seq.load(r);
@@ -252,9 +257,13 @@ void FlightRecorder::write_entry(uint64_t seq, uint64_t coll_seq, const CollArgs
   e.algo.store(algorithm ? algo_word(*algorithm) : 0, r);
   e.t_enq.store(now, r);
   e.t_start.store(algorithm ? now : 0, r);
-  e.t_end.store(0, r);
+  e.t_end.store(end == End::kNo ? 0 : now, r);
   e.root.store(a.root, r);
-  e.info.store(pack_info(a.coll, a.dt, a.op, algorithm ? OpState::kStarted : OpState::kEnqueued, nphases), r);
+  const OpState state = end == End::kOk       ? OpState::kCompleted
+                        : end == End::kFailed ? OpState::kFailed
+                        : algorithm           ? OpState::kStarted
+                                              : OpState::kEnqueued;
+  e.info.store(pack_info(a.coll, a.dt, a.op, state, nphases), r);
   if (a.coll == Collective::kSendRecv) {
     P2pEntry& pe = p2p_[seq & mask_];
     const int np = static_cast<int>(std::min<size_t>(a.p2p.size(), kMaxP2p));

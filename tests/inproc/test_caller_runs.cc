@@ -469,6 +469,38 @@ TEST(CallerRuns, OpAtIssueIsRecordedWhileItWaits) {
   EXPECT_GT(o.value("ended_ns", int64_t{0}) - o.value("started_ns", int64_t{0}), 50'000'000) << o.dump();
 }
 
+// An op run at issue that ends before it waits long (here: one rank, a
+// local copy) is recorded whole at its end, with one clock read: enqueued,
+// started and ended at one time, completed, with its algorithm. Before,
+// its record took two clock reads (with the first-poll entry write, ~10% of
+// a 2-rank 8 B allreduce in the host's fast phase, performance.md Run 48),
+// so its end came after its start.
+TEST(CallerRuns, AnOpThatNeverWaitsIsRecordedWithOneTime) {
+  auto comms = Comm::init_all(1);
+  ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
+  Comm& c = *(*comms)[0];
+  c.set_caller_waits(true);
+  std::vector<float> in(16, 1.0f), out(16, 0.0f);
+  for (int i = 0; i < 3; ++i) {
+    auto w = c.allreduce(in.data(), out.data(), in.size(), DataType::kFloat32, RedOp::kSum);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    ASSERT_TRUE(w->wait().is_ok());
+  }
+  EXPECT_EQ(out[15], 1.0f);
+  const nlohmann::json ops = c.impl()->diag_state()["ops"];
+  ASSERT_EQ(ops.size(), 3u) << ops.dump();
+  int64_t last = 0;
+  for (const auto& o : ops) {
+    EXPECT_EQ(o.value("state", ""), "completed") << o.dump();
+    EXPECT_FALSE(o.value("algo", "").empty()) << o.dump();
+    const int64_t enq = o.value("enqueued_ns", int64_t{0});
+    EXPECT_GT(enq, last) << o.dump();
+    EXPECT_EQ(o.value("started_ns", int64_t{0}), enq) << o.dump();
+    EXPECT_EQ(o.value("ended_ns", int64_t{0}), enq) << o.dump();
+    last = enq;
+  }
+}
+
 // The watchdog must not take an op run at issue, in the moment before its
 // record is written (its start time still 0), for one running since 1970:
 // a thread ticks the watchdogs without pause while both ranks run small
