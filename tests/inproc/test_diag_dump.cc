@@ -11,6 +11,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -23,6 +24,21 @@
 
 namespace loom {
 namespace {
+
+// `n` allreduces of 64 floats: each issued on every rank (threads of this
+// process), then waited for.
+void allreduce_n(std::vector<std::unique_ptr<Comm>>& comms, int n) {
+  std::vector<std::vector<float>> bufs(comms.size(), std::vector<float>(64, 1.0f));
+  for (int i = 0; i < n; ++i) {
+    std::vector<Work> works;
+    for (size_t r = 0; r < comms.size(); ++r) {
+      auto w = comms[r]->allreduce(bufs[r].data(), bufs[r].data(), 64, DataType::kFloat32, RedOp::kSum);
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      works.push_back(*w);
+    }
+    for (auto& w : works) ASSERT_TRUE(w.wait().is_ok());
+  }
+}
 
 TEST(DiagDump, ConcurrentDumpsLeaveWholeFiles) {
   const std::string dir = "/tmp/loom-test-diag-dump-" + std::to_string(getpid());
@@ -174,16 +190,8 @@ TEST(DiagDump, FinishedSeqCountsOpsWithoutATraceBuffer) {
   auto comms = Comm::init_all(2);
   unsetenv("LOOM_TRACE_BUFFER_SIZE");
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-  std::vector<std::vector<float>> bufs(2, std::vector<float>(64, 1.0f));
-  for (int i = 0; i < 5; ++i) {
-    std::vector<Work> works;
-    for (int r = 0; r < 2; ++r) {
-      auto w = (*comms)[r]->allreduce(bufs[r].data(), bufs[r].data(), 64, DataType::kFloat32, RedOp::kSum);
-      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-      works.push_back(*w);
-    }
-    for (auto& w : works) ASSERT_TRUE(w.wait().is_ok());
-  }
+  allreduce_n(*comms, 5);
+  ASSERT_FALSE(HasFatalFailure());
   for (auto& c : *comms) {
     const nlohmann::json st = c->impl()->diag_state();
     EXPECT_TRUE(st["ops"].empty()) << st.dump();
@@ -197,17 +205,9 @@ TEST(DiagDump, FinishedSeqCountsOpsWithoutATraceBuffer) {
 TEST(DiagDump, ADestroyedCommKeepsItsNewestOpsOrAllWhenItFailed) {
   auto comms = Comm::init_all(2);
   ASSERT_TRUE(comms.is_ok()) << comms.status().to_string();
-  std::vector<std::vector<float>> bufs(2, std::vector<float>(64, 1.0f));
   constexpr int kOps = 40;
-  for (int i = 0; i < kOps; ++i) {
-    std::vector<Work> works;
-    for (int r = 0; r < 2; ++r) {
-      auto w = (*comms)[r]->allreduce(bufs[r].data(), bufs[r].data(), 64, DataType::kFloat32, RedOp::kSum);
-      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-      works.push_back(*w);
-    }
-    for (auto& w : works) ASSERT_TRUE(w.wait().is_ok());
-  }
+  allreduce_n(*comms, kOps);
+  ASSERT_FALSE(HasFatalFailure());
   const std::string id = (*comms)[0]->impl()->diag_state()["id"];
   (*comms)[1]->impl()->abort("test: rank 1 fails");
   for (auto& c : *comms) (void)c->destroy();
