@@ -36,11 +36,17 @@ int64_t clock_now_ns() {
 
 namespace {
 
-std::atomic<uint64_t> g_clock_reads{0};  // now_ns_clock_reads
+// now_ns_clock_reads. A plain increment, not a locked one: without an
+// invariant TSC every read counts, and concurrent ones may be lost (tests
+// count from one thread).
+std::atomic<uint64_t> g_clock_reads{0};
+void count_clock_read() {
+  g_clock_reads.store(g_clock_reads.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
 
 #if defined(__x86_64__)
-// The flight recorder reads the wall clock twice per op, on its critical
-// path (enqueue, end). clock_gettime(CLOCK_REALTIME) costs ~28 ns on this
+// The flight recorder reads the wall clock once or twice per op, on its
+// critical path (enqueue, end). clock_gettime(CLOCK_REALTIME) costs ~28 ns on this
 // project's VMs (the kvm clock through the vDSO), the TSC ~10: measured, 2
 // ranks, 8 B allreduce 0.52-0.55 -> 0.49-0.54 us with the TSC. With an
 // invariant TSC, the time is an anchor's realtime plus the ticks since it, at
@@ -83,7 +89,7 @@ class TscClock {
   // Out of line: now()'s common path stays a few instructions without the
   // registers this one needs.
   [[gnu::noinline]] int64_t reanchor() {
-    g_clock_reads.fetch_add(1, std::memory_order_relaxed);
+    count_clock_read();
     uint64_t t_now;
     int64_t ns;
     if (!tight_pair(&t_now, &ns)) return ns;
@@ -116,8 +122,8 @@ class TscClock {
   // valid for kFirstRateNs, when the sample itself (still last_tsc_) gives
   // a rate over a millisecond. Without it, every read of the first
   // millisecond was a clock_gettime and two TSC reads: the first ~2500 ops of
-  // a 2-rank 8 B allreduce, 11 -> 13 us per 64 calls (~30 ns per op),
-  // performance.md Run 48. Spins ~50 us, once per process.
+  // a 2-rank 8 B allreduce in the host's fast phase took 16 instead of 11 us
+  // per 64 calls (performance.md Run 48). Spins ~50 us, once per process.
   void first_anchor(uint64_t t0, int64_t ns0) {
     for (int reads = 0; reads < 100000; ++reads) {
       uint64_t t;
@@ -167,7 +173,7 @@ int64_t now_ns() {
   static TscClock clock;
   if (tsc) return clock.now();
 #endif
-  g_clock_reads.fetch_add(1, std::memory_order_relaxed);
+  count_clock_read();
   return clock_now_ns();
 }
 
