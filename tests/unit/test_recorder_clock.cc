@@ -47,8 +47,9 @@ Drift watch(int ms) {
 // First in this file: the process's first read of now_ns. It anchors the
 // TSC at once (a rate over ~50 us), so the reads right after it are TSC
 // reads. Regression: for a millisecond after the first read every read was
-// a clock_gettime (and two TSC reads): ~30 ns more per op for the first
-// ~2500 ops of a 2-rank 8 B allreduce (performance.md Run 48).
+// a clock_gettime (and two TSC reads): the first ~2500 ops of a 2-rank 8 B
+// allreduce took 16 instead of 11 us per 64 calls in the host's fast phase
+// (performance.md Run 48).
 TEST(RecorderClock, TheFirstReadAnchorsTheTsc) {
   if (!now_ns_uses_tsc()) GTEST_SKIP() << "no invariant TSC here: now_ns reads CLOCK_REALTIME every time";
   ASSERT_EQ(now_ns_clock_reads(), 0u) << "run this test first, in a fresh process";
