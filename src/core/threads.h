@@ -3,8 +3,8 @@
 // pinned. A new thread starts on its creator's core and, left alone, first
 // runs whenever the kernel next preempts the creator: a scheduler trace of a
 // 2-rank all_reduce_perf showed the engine's first run inside the first timed
-// loop (performance.md Run 47; the first ~1000 calls after init are slower
-// still, for a cause not found yet). start_thread_asleep returns once the
+// loop (performance.md Run 47; the rest of those first calls' slowness was
+// the flight recorder's clock, Run 48). start_thread_asleep returns once the
 // new thread has run up to its first sleep.
 #pragma once
 
